@@ -1,0 +1,3 @@
+from comfy_memx._launcher import main
+
+main()

@@ -1,0 +1,109 @@
+"""Turns what the model-management wrappers observe into ledger updates and ``load``/``unload`` events.
+
+Unload reasons travel down the call chain in a per-thread stack: ``unload_all_models`` pushes ``unload_all``,
+``free_request`` (called by ComfyUI's prompt worker for POST /free) or ``oom`` (called while an out-of-memory
+exception is being handled); ``free_memory`` pushes ``memory_pressure`` unless a caller already chose a reason;
+``LoadedModel.model_unload`` reads the top (``other`` when called directly, e.g. by a custom node).
+Nothing here walks the heap or a state dict: every figure is an attribute read that ComfyUI itself keeps.
+"""
+
+import sys
+import threading
+import time
+
+from comfy_memx import runtime
+from comfy_memx.attribution import current_owner
+
+REASONS = ("memory_pressure", "unload_all", "free_request", "clone_replaced", "oom", "other")
+_OWN_REFS = 2  # the caller's local variable and getrefcount's own argument
+
+_reasons = threading.local()
+
+
+def push_reason(reason, keep_outer=False):
+    """Enter a scope whose unloads have ``reason`` (or the enclosing scope's reason when ``keep_outer``)."""
+    stack = getattr(_reasons, "stack", None)
+    if stack is None:
+        stack = _reasons.stack = []
+    stack.append(stack[-1] if keep_outer and stack else reason)
+
+
+def pop_reason():
+    """Leave the scope entered by the matching :func:`push_reason`."""
+    _reasons.stack.pop()
+
+
+def current_reason():
+    """The reason of the innermost unload scope of this thread, ``other`` outside any."""
+    stack = getattr(_reasons, "stack", None)
+    return stack[-1] if stack else "other"
+
+
+def reason_for_unload_all(caller_frame, oom_test):
+    """Why ``unload_all_models`` was called: ``oom``, ``free_request`` or ``unload_all``."""
+    exc = sys.exc_info()[1]
+    if exc is not None and oom_test is not None:
+        try:
+            if oom_test(exc):
+                return "oom"
+        except Exception:
+            pass
+    if caller_frame is not None and caller_frame.f_code.co_name == "prompt_worker":
+        return "free_request"
+    return "unload_all"
+
+
+def external_refcount(obj_refcount):
+    """``sys.getrefcount`` taken by a wrapper holding the object in one local, minus those two own references."""
+    return max(0, obj_refcount - _OWN_REFS)
+
+
+def on_load(entry, patcher, loaded_before, seconds, caller_frame):
+    """Record ``LoadedModel.model_load``: bytes moved, time, owner; emit a ``load`` event when bytes moved."""
+    module = getattr(patcher, "model", None)
+    if module is None:
+        return
+    record = runtime.ledger.record_for(module)
+    record.patchers.add(patcher)
+    loaded_after = patcher.loaded_size()
+    moved = loaded_after - loaded_before
+    record.patcher_id = id(patcher)
+    record.device = str(getattr(entry, "device", None))
+    record.model_bytes = patcher.model_size()
+    record.loaded_bytes = loaded_after
+    record.touch()
+    if moved <= 0 and record.loads:
+        return
+    record.owner = current_owner(caller_frame)
+    record.loads += 1
+    record.loaded_at = record.last_used
+    if runtime.events.wanted:
+        runtime.events.emit("load", **_identity(record), bytes=moved, loaded_bytes=loaded_after,
+                            seconds=round(seconds, 6), gb_per_s=_rate(moved, seconds))
+
+
+def on_unload(entry, patcher, module, loaded_before, loaded_after, fully, seconds, refcounts, reason=None):
+    """Record one unload (``model_unload`` or a silent clone replacement) and emit an ``unload`` event."""
+    if module is None:
+        return
+    record = runtime.ledger.record_for(module)
+    if patcher is not None:
+        record.patchers.add(patcher)
+    freed = max(0, loaded_before - loaded_after)
+    record.loaded_bytes = loaded_after
+    record.touch()
+    unload = {"reason": reason or current_reason(), "bytes": freed, "partial": not fully,
+              "refcounts": refcounts, "extra_referrers": max(0, refcounts["module"] - record.live_patchers()),
+              "seconds": round(seconds, 6), "gb_per_s": _rate(freed, seconds), "time": round(time.time(), 6)}
+    record.unloads.append(unload)
+    if runtime.events.wanted:
+        runtime.events.emit("unload", **_identity(record), **unload)
+
+
+def _identity(record):
+    return {"model": record.model, "model_id": record.model_id, "patcher_id": record.patcher_id,
+            "model_bytes": record.model_bytes, "device": record.device, "owner": record.owner._asdict()}
+
+
+def _rate(nbytes, seconds):
+    return round(nbytes / seconds / 1e9, 3) if seconds > 0 and nbytes > 0 else None

@@ -1,0 +1,107 @@
+"""Who asked for a model: the prompt and node executing now, and the custom-node package on the call stack.
+
+ComfyUI sets ``comfy_execution.utils.current_executing_context`` (prompt_id, node_id) around every node function;
+the class_type comes from the prompt that :func:`begin_prompt` recorded (the execution patch calls it).  The package
+is the folder under a ``custom_nodes`` directory of the innermost stack frame that lives there, else ``"core"``.
+Everything here is cheap enough for a load: a context-variable read, a dict lookup and a walk of the stack with a per-file cache.
+"""
+
+import os
+import sys
+import threading
+from typing import NamedTuple, Optional
+
+CUSTOM_NODES_DIR = "custom_nodes"
+MAX_FRAMES = 128
+
+
+class Owner(NamedTuple):
+    """Where a load came from; the node fields are None outside a prompt."""
+    prompt_id: Optional[str] = None
+    node_id: Optional[str] = None
+    class_type: Optional[str] = None
+    package: Optional[str] = None
+
+    def describe(self):
+        """A short human-readable form for log lines."""
+        parts = []
+        if self.node_id is not None:
+            parts.append(f"node {self.node_id} ({self.class_type or '?'})")
+        parts.append(f"package {self.package or '?'}")
+        if self.prompt_id is not None:
+            parts.append(f"prompt {self.prompt_id}")
+        return ", ".join(parts)
+
+
+_prompt = threading.local()
+_package_by_file = {}
+
+
+def begin_prompt(prompt_id, prompt):
+    """Remember the node_id -> class_type map of the prompt that starts executing on this thread."""
+    class_types = {}
+    try:
+        for node_id, node in prompt.items():
+            if isinstance(node, dict) and "class_type" in node:
+                class_types[str(node_id)] = node["class_type"]
+    except AttributeError:
+        pass
+    _prompt.current = (prompt_id, class_types)
+
+
+def end_prompt():
+    """Forget the prompt of this thread."""
+    _prompt.current = None
+
+
+def current_prompt_id():
+    """The prompt executing on this thread (None outside a prompt)."""
+    current = getattr(_prompt, "current", None)
+    return current[0] if current else None
+
+
+def _executing_context():
+    utils = sys.modules.get("comfy_execution.utils")
+    getter = getattr(utils, "get_executing_context", None)
+    return getter() if getter is not None else None
+
+
+def current_owner(frame=None):
+    """The :class:`Owner` of a load requested now; ``frame`` is where to start the package search (the caller)."""
+    prompt_id = node_id = class_type = None
+    context = _executing_context()
+    current = getattr(_prompt, "current", None)
+    if context is not None:
+        prompt_id, node_id = context.prompt_id, str(context.node_id)
+    elif current is not None:
+        prompt_id = current[0]
+    if current is not None and node_id is not None and current[0] == prompt_id:
+        class_type = current[1].get(node_id) or current[1].get(node_id.split(".")[-1])
+    return Owner(prompt_id, node_id, class_type, package_on_stack(frame or sys._getframe(1)))
+
+
+def package_on_stack(frame):
+    """The custom-node package of the innermost frame from ``frame`` outwards that lives under custom_nodes."""
+    depth = 0
+    while frame is not None and depth < MAX_FRAMES:
+        filename = frame.f_code.co_filename
+        package = _package_by_file.get(filename, False)
+        if package is False:
+            package = _package_by_file[filename] = package_of_file(filename)
+        if package is not None:
+            return package
+        frame = frame.f_back
+        depth += 1
+    return "core"
+
+
+def package_of_file(filename):
+    """The folder (or single-file module name) right under a custom_nodes directory in ``filename``, else None."""
+    if not filename or CUSTOM_NODES_DIR not in filename:
+        return None
+    parts = os.path.normpath(filename).split(os.sep)
+    for i in range(len(parts) - 2, -1, -1):
+        if parts[i] == CUSTOM_NODES_DIR:
+            name = parts[i + 1]
+            return name[:-3] if name.endswith(".py") else name
+    return None

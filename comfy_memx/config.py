@@ -1,0 +1,126 @@
+"""Every comfy_memx setting, read once from ``COMFY_MEMX_*`` environment variables into a frozen :class:`Config`.
+
+This is the only module that reads comfy_memx settings from the environment.  Each launcher option is the same
+setting (``--leak-mode strict`` is ``COMFY_MEMX_LEAK_MODE=strict``): the launcher writes its options into the
+environment and this module parses them, so every entry point behaves the same.  Bad values raise
+:class:`~comfy_memx.errors.ConfigError` naming the variable and the accepted values; unknown ``COMFY_MEMX_*`` names
+are returned as warnings (typo guard).
+"""
+
+import dataclasses
+import math
+import os
+
+from comfy_memx.errors import ConfigError
+
+PREFIX = "COMFY_MEMX"
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off", "")
+LEAK_MODES = ("off", "report", "strict")
+PATCH_NAMES = ("model_management", "execution")
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One environment variable: its parser, default, the words shown when a value is rejected, and its doc line."""
+    env: str
+    field: str
+    parse: object
+    default: object
+    accepted: str
+    doc: str
+    option: bool = True  # whether the launcher offers it as --<name>
+
+    @property
+    def flag(self):
+        """The launcher option for this setting: ``COMFY_MEMX_LEAK_MODE`` -> ``--leak-mode``."""
+        return "--" + self.env[len(PREFIX) + 1:].lower().replace("_", "-")
+
+
+def _bool(text):
+    word = text.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise ValueError(text)
+
+
+def _choice(words):
+    def parse(text):
+        word = text.strip().lower()
+        if word not in words:
+            raise ValueError(text)
+        return word
+    return parse
+
+
+def _path(text):
+    text = text.strip()
+    return os.path.abspath(os.path.expanduser(text)) if text else None
+
+
+def _patch_list(text):
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    for name in names:
+        if name not in PATCH_NAMES:
+            raise ValueError(text)
+    return names
+
+
+def _positive_seconds(text):
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(text)
+    return value
+
+
+SETTINGS = (
+    Setting("COMFY_MEMX", "active", _bool, False, "1/true/yes/on or 0/false/no/off",
+            "Activate comfy_memx in any ComfyUI start command (interpreter-startup hook).", option=False),
+    Setting("COMFY_MEMX_LEAK_MODE", "leak_mode", _choice(LEAK_MODES), "report", ", ".join(LEAK_MODES),
+            "off: no leak reporting; report: name the owner of a leaked model after ComfyUI's warning; "
+            "strict: also find and name the objects that hold it."),
+    Setting("COMFY_MEMX_EVENTS", "events", _path, None, "a file path (unset: no event log)",
+            "Append one JSON object per line for every load, unload and leak (see Events)."),
+    Setting("COMFY_MEMX_DISABLE", "disable", _patch_list, (), "comma list of " + ", ".join(PATCH_NAMES),
+            "Patches to skip."),
+    Setting("COMFY_MEMX_LEAK_BUDGET", "leak_budget", _positive_seconds, 2.0, "seconds > 0",
+            "Time budget of one strict-mode holder search."),
+    Setting("COMFY_MEMX_RAISE_INTERNAL", "raise_internal", _bool, False, "1/true/yes/on or 0/false/no/off",
+            "Re-raise comfy_memx's own internal errors instead of logging them (for tests and development).",
+            option=False),
+)
+
+Config = dataclasses.make_dataclass(
+    "Config", [(s.field, object, dataclasses.field(default=s.default)) for s in SETTINGS] + [
+        ("warnings", tuple, dataclasses.field(default=()))],
+    frozen=True, namespace={
+        "__doc__": "The parsed, immutable comfy_memx settings; ``warnings`` holds typo-guard messages.",
+        "as_dict": lambda self: {s.field: getattr(self, s.field) for s in SETTINGS},
+    })
+
+
+def parse(environ=None):
+    """Parse ``COMFY_MEMX*`` variables from ``environ`` (default ``os.environ``) into a :class:`Config`.
+
+    Raises :class:`ConfigError` on the first bad value, naming the variable and the accepted values.
+    """
+    environ = os.environ if environ is None else environ
+    values = {}
+    for setting in SETTINGS:
+        raw = environ.get(setting.env)
+        if raw is None:
+            continue
+        try:
+            values[setting.field] = setting.parse(raw)
+        except (ValueError, TypeError):
+            raise ConfigError(f"{setting.env}={raw!r} is not valid; accepted: {setting.accepted}") from None
+    known = {s.env for s in SETTINGS}
+    unknown = sorted(k for k in environ if k.startswith(PREFIX + "_") and k not in known)
+    values["warnings"] = tuple(
+        f"unknown setting {name} ignored (known: {', '.join(sorted(known))})" for name in unknown)
+    return Config(**values)
+
+
+DEFAULT = Config()

@@ -1,0 +1,125 @@
+"""Answers ComfyUI's leak warnings: who loaded the leaked model (report mode) and what holds it (strict mode).
+
+ComfyUI's ``cleanup_models_gc`` logs "Potential memory leak detected with model X" (INFO) when a LoadedModel's
+patcher is gone but its torch module is alive, runs ``gc.collect()``, then logs "WARNING, memory leak with model X"
+for every module still alive.  The wrapper around it calls :func:`suspects` first (a scan of the few entries of
+``current_loaded_models``, no heap work), and only when there is a suspect does anything more: in strict mode the
+reference cycle is captured before ComfyUI's collect destroys it, and after the call each suspect is reported once
+per prompt as stage ``cycle`` (the collect freed it) or ``rooted`` (still alive: a real leak).
+Suspects are held through their weakrefs only; a strong reference here would itself cause the leak it reports.
+"""
+
+import logging
+import time
+
+from comfy_memx import attribution, runtime
+from comfy_memx.errors import internal_error
+
+log = logging.getLogger("comfy_memx")
+
+_reported = set()   # (model_id, prompt_id) already reported
+rooted_leaks = []   # model_ids of rooted leaks found in this process (for COMFY_MEMX_LEAK_FAIL)
+
+
+class Suspect:
+    """A LoadedModel entry whose patcher is gone while its module lives; keeps the module by weakref."""
+    __slots__ = ("module_ref", "record", "cycle")
+
+    def __init__(self, module_ref, record):
+        self.module_ref, self.record, self.cycle = module_ref, record, None
+
+
+def suspects(model_management):
+    """The entries ComfyUI is about to warn about, as :class:`Suspect` objects (empty list in the common case)."""
+    found = []
+    for entry in list(model_management.current_loaded_models):
+        module_ref = entry.real_model
+        if module_ref is None:
+            continue
+        module = module_ref()
+        if module is not None and entry.model is None:
+            found.append(Suspect(module_ref, runtime.ledger.record_for(module)))
+        del module
+    return found
+
+
+def before_collect(found):
+    """Strict mode: capture each suspect's reference cycle while it still exists."""
+    if runtime.config.leak_mode != "strict":
+        return
+    from comfy_memx import holders
+    for suspect in found:
+        module = suspect.module_ref()
+        if module is None:
+            continue
+        try:
+            suspect.cycle = holders.capture_cycle(module, budget_s=runtime.config.leak_budget,
+                                                  ignore=_ignored(found))
+        except Exception as exc:
+            internal_error("leak cycle capture", exc)
+        del module
+
+
+def after_collect(found):
+    """Report each suspect once per prompt: ``cycle`` if ComfyUI's collect freed it, else ``rooted``."""
+    prompt_id = attribution.current_prompt_id()
+    for suspect in found:
+        record = suspect.record
+        key = (record.model_id, prompt_id)
+        if key in _reported:
+            continue
+        _reported.add(key)
+        module = suspect.module_ref()
+        stage = "cycle" if module is None else "rooted"
+        referrers, search = [], None
+        if stage == "rooted":
+            rooted_leaks.append(record.model_id)
+            if runtime.config.leak_mode == "strict":
+                referrers, search = _search_holders(module, found)
+        elif suspect.cycle is not None:
+            referrers, search = _cycle_referrers(suspect.cycle)
+        del module
+        record.leak = {"stage": stage, "prompt_id": prompt_id, "time": round(time.time(), 6)}
+        _log(record, stage, referrers, search)
+        runtime.events.emit("leak", model=record.model, model_id=record.model_id, owner=record.owner._asdict(),
+                            stage=stage, referrers=referrers, search=search)
+
+
+def _ignored(found):
+    return [found, *runtime.ledger.containers()]
+
+
+def _search_holders(module, found):
+    from comfy_memx import holders
+    report = holders.find_holders(module, budget_s=runtime.config.leak_budget, ignore=_ignored(found))
+    referrers = [{"path": c.path, "package": c.package, "root_kind": c.root_kind} for c in report.chains]
+    search = {"seconds": round(report.seconds, 4), "objects_visited": report.objects_visited,
+              "complete": report.complete}
+    return referrers, search
+
+
+def _cycle_referrers(cycle):
+    return ([{"path": cycle.text, "package": getattr(cycle, "package", None), "root_kind": "cycle"}],
+            {"seconds": round(cycle.seconds, 4), "objects_visited": len(cycle.members), "complete": cycle.complete})
+
+
+def _log(record, stage, referrers, search):
+    who = f"{record.model} ({record.model_id}), loaded by {record.owner.describe()}"
+    if stage == "cycle":
+        log.info("comfy_memx: %s was held only by a reference cycle; ComfyUI's garbage collection freed it", who)
+        for ref in referrers:
+            log.info("comfy_memx:   cycle: %s", ref["path"])
+        return
+    if runtime.config.leak_mode != "strict":
+        log.warning("comfy_memx: leaked model %s; run with COMFY_MEMX_LEAK_MODE=strict to name what holds it", who)
+        return
+    log.warning("comfy_memx: leaked model %s is held by %d reference chain(s)%s", who, len(referrers),
+                "" if not search or search["complete"] else " (search incomplete: budget or depth ran out)")
+    for ref in referrers:
+        log.warning("comfy_memx:   %s  [package %s, %s]", ref["path"], ref["package"], ref["root_kind"])
+
+
+def reset():
+    """Forget what was reported (tests)."""
+    _reported.clear()
+    rooted_leaks.clear()

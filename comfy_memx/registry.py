@@ -1,0 +1,119 @@
+"""Which patch modules exist, arming them on their ComfyUI targets, and what was patched or skipped (and why).
+
+Each patch module applies on its own: a missing site is skipped with its reason and the others still apply
+(ddtrace's ``_monkey``).  The one startup line is logged when ``execution`` finished importing: by then main.py has
+imported ``comfy.utils``, ``comfy.model_management``, ``nodes`` and ``execution``, so every core site is settled.
+"""
+
+import functools
+import importlib
+import logging
+
+from comfy_memx import importhook, wrapping
+from comfy_memx.config import PATCH_NAMES
+from comfy_memx.errors import PatchSkipped, internal_error
+
+log = logging.getLogger("comfy_memx")
+ANNOUNCE_AFTER = "execution"
+
+_status = {}       # (patch name, site) -> (state, reason)
+_announced = False
+
+
+def patch_module(name):
+    """Import and return ``comfy_memx.patches.<name>`` (imports no ComfyUI or torch module)."""
+    return importlib.import_module(f"comfy_memx.patches.{name}")
+
+
+def patch_sites(module, sites):
+    """Wrap each ``{dotted: factory(module, original, switch)}`` site of ``module``; returns {site: result}."""
+    results = {}
+    for dotted, factory in sites.items():
+        try:
+            results[dotted] = wrapping.wrap(module, dotted, functools.partial(factory, module))
+        except PatchSkipped as skipped:
+            results[dotted] = skipped
+    return results
+
+
+def unpatch_sites(module, sites):
+    """Undo :func:`patch_sites` in reverse order; returns {site: result}."""
+    return {dotted: wrapping.unwrap(module, dotted) for dotted in reversed(list(sites))}
+
+
+def arm(cfg):
+    """Register post-import hooks for every enabled patch (applied at once if the target is already imported)."""
+    for name in PATCH_NAMES:
+        if name in cfg.disable:
+            for site in patch_module(name).SITES:
+                _status[(name, site)] = ("skipped", "disabled by COMFY_MEMX_DISABLE")
+            continue
+        importhook.when_imported(patch_module(name).TARGET, functools.partial(apply, name))
+    importhook.when_imported(ANNOUNCE_AFTER, lambda _module: announce())
+
+
+def apply(name, module):
+    """Patch ``module`` with patch module ``name`` and record each site's result."""
+    patches = patch_module(name)
+    for site, result in patches.patch(module).items():
+        if isinstance(result, PatchSkipped):
+            _status[(name, site)] = ("skipped", str(result))
+            log.debug("comfy_memx: skipped %s (%s)", site, result)
+        else:
+            _status[(name, site)] = ("patched", None)
+    adopt = getattr(patches, "adopt", None)
+    if adopt is not None:
+        try:
+            adopt(module)
+        except Exception as exc:
+            internal_error(f"adopting existing state of {name}", exc)
+
+
+def remove_all():
+    """Unpatch every applied patch whose target is imported, and drop pending hooks."""
+    import sys
+    importhook.discard()
+    for name in PATCH_NAMES:
+        patches = patch_module(name)
+        module = sys.modules.get(patches.TARGET)
+        if module is not None:
+            patches.unpatch(module)
+    _status.clear()
+
+
+def site_status():
+    """[{"patch", "site", "state", "reason"}] for every site seen so far."""
+    return [{"patch": name, "site": site, "state": state, "reason": reason}
+            for (name, site), (state, reason) in _status.items()]
+
+
+def startup_line(version, source, leak_mode):
+    """The one INFO line logged when comfy_memx is active."""
+    patched = [site for (_, site), (state, _) in _status.items() if state == "patched"]
+    skipped = [f"{site} ({reason})" for (_, site), (state, reason) in _status.items() if state == "skipped"]
+    line = f"comfy_memx {version} active ({source}, leak mode {leak_mode}): patched {', '.join(patched) or 'nothing'}"
+    if skipped:
+        line += "; skipped " + ", ".join(skipped)
+    pending = importhook.pending()
+    if pending:
+        line += "; waiting for " + ", ".join(pending)
+    return line
+
+
+def announce(force=False):
+    """Log the startup line once (and the config warnings queued by the bootstrap)."""
+    global _announced
+    if _announced and not force:
+        return
+    _announced = True
+    from comfy_memx import __version__, runtime
+    for warning in runtime.config.warnings:
+        log.warning("comfy_memx: %s", warning)
+    log.info(startup_line(__version__, runtime.source, runtime.config.leak_mode))
+
+
+def reset():
+    """Forget statuses and the announcement (tests)."""
+    global _announced
+    _status.clear()
+    _announced = False

@@ -1,0 +1,66 @@
+"""Wraps ``execution.PromptExecutor.execute_async`` so loads can be attributed to a prompt's node class_type.
+
+ComfyUI already publishes the executing (prompt_id, node_id) in ``comfy_execution.utils``; the node's class_type
+lives only in the prompt, which this wrapper hands to ``comfy_memx.attribution`` for the duration of the prompt.
+Checked against ComfyUI 0.3.64 and 0.27.0 (both ``async def execute_async(self, prompt, prompt_id, extra_data={},
+execute_outputs=[])``); a synchronous variant is wrapped synchronously.
+"""
+
+import inspect
+
+from comfy_memx import attribution
+from comfy_memx.errors import internal_error
+from comfy_memx.registry import patch_sites, unpatch_sites
+
+NAME = "execution"
+TARGET = "execution"
+
+
+def _prompt_arguments(args, kwargs):
+    prompt = args[0] if args else kwargs.get("prompt")
+    prompt_id = args[1] if len(args) > 1 else kwargs.get("prompt_id")
+    return prompt, prompt_id
+
+
+def _begin(args, kwargs):
+    try:
+        prompt, prompt_id = _prompt_arguments(args, kwargs)
+        attribution.begin_prompt(prompt_id, prompt)
+    except Exception as exc:
+        internal_error("prompt attribution", exc)
+
+
+def _memx_execute_async(module, original, switch):
+    if inspect.iscoroutinefunction(original):
+        async def execute_async(self, *args, **kwargs):
+            if not switch.on:
+                return await original(self, *args, **kwargs)
+            _begin(args, kwargs)
+            try:
+                return await original(self, *args, **kwargs)
+            finally:
+                attribution.end_prompt()
+        return execute_async
+
+    def execute_async_sync(self, *args, **kwargs):
+        if not switch.on:
+            return original(self, *args, **kwargs)
+        _begin(args, kwargs)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            attribution.end_prompt()
+    return execute_async_sync
+
+
+SITES = {"PromptExecutor.execute_async": _memx_execute_async}
+
+
+def patch(module):
+    """Wrap ``PromptExecutor.execute_async``; returns {site: "patched" | PatchSkipped}."""
+    return patch_sites(module, SITES)
+
+
+def unpatch(module):
+    """Restore ``PromptExecutor.execute_async``."""
+    return unpatch_sites(module, SITES)

@@ -1,0 +1,212 @@
+"""Wraps ComfyUI's model management (``comfy.model_management``) to keep the ownership ledger.
+
+Sites: ``load_models_gpu`` (notices the silent clone-replacement pop that bypasses ``model_unload``),
+``LoadedModel.model_load`` (bytes moved, seconds, owner), ``LoadedModel.model_unload`` (bytes freed, partial or
+full, refcounts), ``free_memory`` / ``unload_all_models`` / ``unload_model_and_clones`` (the unload reason) and
+``cleanup_models_gc`` (leak reports, see ``comfy_memx.leakwatch``).  Checked against ComfyUI 0.3.64 (3-parameter
+``free_memory``, no ``unload_model_and_clones``) and 0.27.0 (6 parameters); every call site in ComfyUI goes through
+the module attribute, so a module ``setattr`` also catches calls made inside the module.
+# COMFY: ``cast_to`` is deliberately not wrapped: hook_breaker_ac10a0 restores it after custom nodes load.
+Settings: ``COMFY_MEMX_LEAK_MODE`` (off disables the cleanup_models_gc work), ``COMFY_MEMX_DISABLE=model_management``.
+"""
+
+import sys
+from time import perf_counter
+
+from comfy_memx import accounting, leakwatch, runtime
+from comfy_memx.errors import internal_error
+from comfy_memx.registry import patch_sites, unpatch_sites
+
+NAME = "model_management"
+TARGET = "comfy.model_management"
+
+
+def _memx_load_models_gpu(mm, original, switch):
+    def load_models_gpu(*args, **kwargs):
+        if not switch.on:
+            return original(*args, **kwargs)
+        before = list(mm.current_loaded_models)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            if before:
+                try:
+                    _note_clone_replacements(mm, before)
+                except Exception as exc:
+                    internal_error("clone-replacement accounting", exc)
+    return load_models_gpu
+
+
+def _note_clone_replacements(mm, before):
+    # COMFY: load_models_gpu pops entries whose patcher is a clone of a model being loaded and detaches them
+    # without model_unload; such an entry left the list but still has real_model set.
+    remaining = {id(entry) for entry in mm.current_loaded_models}
+    for entry in before:
+        if id(entry) in remaining or entry.real_model is None:
+            continue
+        module = entry.real_model()
+        if module is None:
+            continue
+        patcher = entry.model
+        refcounts = {"patcher": accounting.external_refcount(sys.getrefcount(patcher)) if patcher is not None else 0,
+                     "module": accounting.external_refcount(sys.getrefcount(module))}
+        loaded = patcher.loaded_size() if patcher is not None else 0
+        accounting.on_unload(entry, patcher, module, loaded, loaded, True, 0.0, refcounts, reason="clone_replaced")
+        del module, patcher
+
+
+def _memx_model_load(mm, original, switch):
+    def model_load(self, *args, **kwargs):
+        if not switch.on:
+            return original(self, *args, **kwargs)
+        patcher = self.model
+        try:
+            before = patcher.loaded_size() if patcher is not None else 0
+        except Exception as exc:
+            internal_error("load accounting", exc)
+            before = 0
+        start = perf_counter()
+        result = original(self, *args, **kwargs)
+        seconds = perf_counter() - start
+        try:
+            accounting.on_load(self, patcher, before, seconds, sys._getframe(1))
+        except Exception as exc:
+            internal_error("load accounting", exc)
+        return result
+    return model_load
+
+
+def _memx_model_unload(mm, original, switch):
+    def model_unload(self, *args, **kwargs):
+        if not switch.on:
+            return original(self, *args, **kwargs)
+        patcher = self.model
+        module_ref = self.real_model
+        try:
+            before = patcher.loaded_size() if patcher is not None else 0
+        except Exception as exc:
+            internal_error("unload accounting", exc)
+            before = 0
+        start = perf_counter()
+        result = original(self, *args, **kwargs)
+        seconds = perf_counter() - start
+        try:
+            module = module_ref() if module_ref is not None else None
+            if module is not None:
+                after = patcher.loaded_size() if patcher is not None else 0
+                refcounts = {
+                    "patcher": accounting.external_refcount(sys.getrefcount(patcher)) if patcher is not None else 0,
+                    "module": accounting.external_refcount(sys.getrefcount(module))}
+                accounting.on_unload(self, patcher, module, before, after, result is not False, seconds, refcounts)
+            del module
+        except Exception as exc:
+            internal_error("unload accounting", exc)
+        return result
+    return model_unload
+
+
+def _memx_free_memory(mm, original, switch):
+    def free_memory(*args, **kwargs):
+        if not switch.on:
+            return original(*args, **kwargs)
+        accounting.push_reason("memory_pressure", keep_outer=True)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            accounting.pop_reason()
+    return free_memory
+
+
+def _oom_test(mm):
+    if hasattr(mm, "is_oom"):
+        return mm.is_oom
+    oom_type = getattr(mm, "OOM_EXCEPTION", None)
+    return (lambda exc: isinstance(exc, oom_type)) if isinstance(oom_type, type) else None
+
+
+def _memx_unload_all_models(mm, original, switch):
+    def unload_all_models(*args, **kwargs):
+        if not switch.on:
+            return original(*args, **kwargs)
+        try:
+            reason = accounting.reason_for_unload_all(sys._getframe(1), _oom_test(mm))
+        except Exception as exc:
+            internal_error("unload reason", exc)
+            reason = "unload_all"
+        accounting.push_reason(reason)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            accounting.pop_reason()
+    return unload_all_models
+
+
+def _memx_unload_model_and_clones(mm, original, switch):
+    def unload_model_and_clones(*args, **kwargs):
+        if not switch.on:
+            return original(*args, **kwargs)
+        accounting.push_reason("other", keep_outer=True)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            accounting.pop_reason()
+    return unload_model_and_clones
+
+
+def _memx_cleanup_models_gc(mm, original, switch):
+    def cleanup_models_gc(*args, **kwargs):
+        if not switch.on or runtime.config.leak_mode == "off":
+            return original(*args, **kwargs)
+        try:
+            found = leakwatch.suspects(mm)
+            if found:
+                leakwatch.before_collect(found)
+        except Exception as exc:
+            internal_error("leak detection", exc)
+            found = []
+        if not found:
+            return original(*args, **kwargs)
+        result = original(*args, **kwargs)
+        try:
+            leakwatch.after_collect(found)
+        except Exception as exc:
+            internal_error("leak report", exc)
+        return result
+    return cleanup_models_gc
+
+
+SITES = {
+    "load_models_gpu": _memx_load_models_gpu,
+    "LoadedModel.model_load": _memx_model_load,
+    "LoadedModel.model_unload": _memx_model_unload,
+    "free_memory": _memx_free_memory,
+    "unload_all_models": _memx_unload_all_models,
+    "unload_model_and_clones": _memx_unload_model_and_clones,
+    "cleanup_models_gc": _memx_cleanup_models_gc,
+}
+
+
+def patch(module):
+    """Wrap every site of ``SITES`` in ``comfy.model_management``; returns {site: "patched" | PatchSkipped}."""
+    return patch_sites(module, SITES)
+
+
+def unpatch(module):
+    """Restore every site of ``SITES`` in ``comfy.model_management``."""
+    return unpatch_sites(module, SITES)
+
+
+def adopt(module):
+    """Late activation: put the models ComfyUI already holds into the ledger (owner unknown)."""
+    for entry in list(getattr(module, "current_loaded_models", ())):
+        patcher = entry.model
+        module_obj = entry.real_model() if entry.real_model is not None else None
+        if patcher is None or module_obj is None:
+            continue
+        record = runtime.ledger.record_for(module_obj)
+        record.patchers.add(patcher)
+        record.patcher_id = id(patcher)
+        record.device = str(getattr(entry, "device", None))
+        record.loaded_bytes = patcher.loaded_size()
+        record.touch()
+        del module_obj
