@@ -1,0 +1,145 @@
+"""``python -m comfy_memx doctor [--json] [--comfyui PATH]``: the baseline a user pastes into a bug report.
+
+Prints comfy_memx's version and active config, Python, torch and CUDA, RAM and swap, and, for a ComfyUI tree, its
+version and which patch sites would apply or be skipped (with reasons) — found by reading the tree's source with
+``ast``, so ComfyUI is never imported or started.
+"""
+
+import argparse
+import ast
+import json
+import os
+import platform
+import sys
+
+from comfy_memx import __version__, config, registry
+from comfy_memx.errors import ConfigError
+
+
+def comfyui_version(tree):
+    """``__version__`` from ``comfyui_version.py`` of a ComfyUI tree, or None."""
+    path = os.path.join(tree, "comfyui_version.py")
+    try:
+        for node in ast.parse(open(path, encoding="utf-8").read()).body:
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__version__" for t in node.targets):
+                return ast.literal_eval(node.value)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    return None
+
+
+def _module_file(tree, dotted):
+    base = os.path.join(tree, *dotted.split("."))
+    for candidate in (base + ".py", os.path.join(base, "__init__.py")):
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def _defined_names(body):
+    names = {}
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names[node.name] = None
+        elif isinstance(node, ast.ClassDef):
+            names[node.name] = _defined_names(node.body)
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    names[target.id] = None
+    return names
+
+
+def static_site_status(tree, disabled=()):
+    """For each patch site: would it apply to the ComfyUI at ``tree``?  Reads source only."""
+    rows = []
+    for name in config.PATCH_NAMES:
+        patches = registry.patch_module(name)
+        path = _module_file(tree, patches.TARGET)
+        names = None
+        if path is not None:
+            try:
+                names = _defined_names(ast.parse(open(path, encoding="utf-8").read()).body)
+            except (OSError, SyntaxError) as exc:
+                names, error = None, f"cannot read {path}: {exc}"
+        for site in patches.SITES:
+            if name in disabled:
+                state, reason = "skipped", "disabled by COMFY_MEMX_DISABLE"
+            elif path is None:
+                state, reason = "skipped", f"{patches.TARGET} not found in this tree"
+            elif names is None:
+                state, reason = "skipped", error
+            else:
+                owner_name, _, attr = site.rpartition(".")
+                scope = names.get(owner_name) if owner_name else names
+                found = isinstance(scope, dict) and attr in scope
+                state, reason = ("would patch", None) if found else ("skipped", "absent in this ComfyUI")
+            rows.append({"patch": name, "site": site, "state": state, "reason": reason})
+    return rows
+
+
+def collect(comfyui=None, environ=None):
+    """Everything doctor reports, as a JSON-ready dict.  Raises ConfigError on bad settings."""
+    cfg = config.parse(environ)
+    report = {"comfy_memx": __version__, "config": cfg.as_dict(), "config_warnings": list(cfg.warnings),
+              "python": sys.version.split()[0], "platform": platform.platform()}
+    report.update(_torch_facts())
+    report.update(_memory_facts())
+    if comfyui is not None:
+        tree = os.path.abspath(comfyui)
+        report["comfyui"] = {"path": tree, "version": comfyui_version(tree),
+                             "sites": static_site_status(tree, cfg.disable)}
+    return report
+
+
+def _torch_facts():
+    try:
+        import torch
+    except ImportError as exc:
+        return {"torch": None, "torch_error": str(exc), "cuda_available": False}
+    return {"torch": torch.__version__, "cuda_available": bool(torch.cuda.is_available()),
+            "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0}
+
+
+def _memory_facts():
+    try:
+        import psutil
+        return {"ram_bytes": psutil.virtual_memory().total, "ram_available_bytes": psutil.virtual_memory().available,
+                "swap_bytes": psutil.swap_memory().total}
+    except Exception as exc:  # an odd system state degrades to one note, never a crash
+        return {"memory_error": str(exc)}
+
+
+def format_text(report):
+    """The human-readable form of :func:`collect`'s report."""
+    lines = [f"comfy_memx {report['comfy_memx']}  (Python {report['python']}, {report['platform']})",
+             f"torch {report.get('torch')}  CUDA available: {report.get('cuda_available')}"]
+    if "ram_bytes" in report:
+        lines.append(f"RAM {report['ram_bytes'] / 2**30:.1f} GiB (available {report['ram_available_bytes'] / 2**30:.1f}"
+                     f" GiB), swap {report['swap_bytes'] / 2**30:.1f} GiB")
+    lines.append("config: " + ", ".join(f"{k}={v}" for k, v in report["config"].items()))
+    lines += [f"warning: {w}" for w in report["config_warnings"]]
+    comfy = report.get("comfyui")
+    if comfy:
+        lines.append(f"ComfyUI at {comfy['path']}: version {comfy['version'] or 'unknown'}")
+        for row in comfy["sites"]:
+            lines.append(f"  {row['state']:<12} {row['site']}" + (f"  ({row['reason']})" if row["reason"] else ""))
+    return "\n".join(lines)
+
+
+def main(argv):
+    """Entry point of ``python -m comfy_memx doctor``; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m comfy_memx doctor", description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument("--comfyui", metavar="PATH", help="a ComfyUI tree to check the patches against")
+    args = parser.parse_args(argv)
+    if args.comfyui is not None and not os.path.isfile(os.path.join(args.comfyui, "main.py")):
+        print(f"comfy_memx doctor: {args.comfyui} is not a ComfyUI tree (no main.py)", file=sys.stderr)
+        return 2
+    try:
+        report = collect(args.comfyui)
+    except ConfigError as exc:
+        print(f"comfy_memx doctor: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=2, default=str) if args.json else format_text(report))
+    return 0
