@@ -64,7 +64,7 @@ def on_load(entry, patcher, loaded_before, seconds, caller_frame):
     if module is None:
         return
     record = runtime.ledger.record_for(module)
-    record.patchers.add(patcher)
+    record.add_patcher(patcher)
     loaded_after = patcher.loaded_size()
     moved = loaded_after - loaded_before
     record.patcher_id = id(patcher)
@@ -88,7 +88,7 @@ def on_unload(entry, patcher, module, loaded_before, loaded_after, fully, second
         return
     record = runtime.ledger.record_for(module)
     if patcher is not None:
-        record.patchers.add(patcher)
+        record.add_patcher(patcher)
     freed = max(0, loaded_before - loaded_after)
     record.loaded_bytes = loaded_after
     record.touch()

@@ -17,7 +17,20 @@ PREFIX = "COMFY_MEMX"
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off", "")
 LEAK_MODES = ("off", "report", "strict")
-PATCH_NAMES = ("model_management", "execution")
+
+
+def _discover_patch_names():
+    """Names of the modules in ``comfy_memx.patches`` (model_management first), found without importing them."""
+    import importlib.util
+    spec = importlib.util.find_spec("comfy_memx.patches")
+    names = set()
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        names.update(f[:-3] for f in os.listdir(folder) if f.endswith(".py") and not f.startswith("_"))
+    return tuple(sorted(names, key=lambda n: (n != "model_management", n)))
+
+
+PATCH_NAMES = _discover_patch_names()
+PIN_SCOPES = ("process", "host")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +81,12 @@ def _patch_list(text):
     return names
 
 
+def _pin_limit(text):
+    from comfy_memx.pincap import parse_pin_limit
+    parse_pin_limit(text, 1 << 62)  # the form only; the cap is resolved against the host when pinning starts
+    return text.strip()
+
+
 def _positive_seconds(text):
     value = float(text)
     if not math.isfinite(value) or value <= 0:
@@ -87,6 +106,16 @@ SETTINGS = (
             "Patches to skip."),
     Setting("COMFY_MEMX_LEAK_BUDGET", "leak_budget", _positive_seconds, 2.0, "seconds > 0",
             "Time budget of one strict-mode holder search."),
+    Setting("COMFY_MEMX_LEAK_GRAPH", "leak_graph", _path, None, "a directory path (unset: none)",
+            "Strict mode: write a Graphviz .dot file per leak there (and a PNG when a `dot` binary exists)."),
+    Setting("COMFY_MEMX_LEAK_FAIL", "leak_fail", _bool, False, "1/true/yes/on or 0/false/no/off",
+            "Launcher: exit with status 3 at shutdown if a rooted leak was found (for custom-node CI)."),
+    Setting("COMFY_MEMX_PIN_LIMIT", "pin_limit", _pin_limit, "auto",
+            "auto, off, bytes with a unit (12GiB, 800MB), plain bytes, or a percentage of RAM (30%)",
+            "Cap on pinned host memory; auto = 40 % of RAM on Windows, else max(40 % RAM, min(90 % RAM, RAM - 4 GiB, "
+            "RAM + disk swap - 16 GiB)), with RAM clamped to the cgroup limit."),
+    Setting("COMFY_MEMX_PIN_SCOPE", "pin_scope", _choice(PIN_SCOPES), "process", ", ".join(PIN_SCOPES),
+            "process: the cap is per ComfyUI process; host: all ComfyUI processes of this user share it."),
     Setting("COMFY_MEMX_RAISE_INTERNAL", "raise_internal", _bool, False, "1/true/yes/on or 0/false/no/off",
             "Re-raise comfy_memx's own internal errors instead of logging them (for tests and development).",
             option=False),

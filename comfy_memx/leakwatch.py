@@ -10,6 +10,7 @@ Suspects are held through their weakrefs only; a strong reference here would its
 """
 
 import logging
+import sys
 import time
 
 from comfy_memx import attribution, runtime
@@ -75,7 +76,7 @@ def after_collect(found):
         if stage == "rooted":
             rooted_leaks.append(record.model_id)
             if runtime.config.leak_mode == "strict":
-                referrers, search = _search_holders(module, found)
+                referrers, search = _search_holders(module, found, sys._getframe())
         elif suspect.cycle is not None:
             referrers, search = _cycle_referrers(suspect.cycle)
         del module
@@ -89,9 +90,10 @@ def _ignored(found):
     return [found, *runtime.ledger.containers()]
 
 
-def _search_holders(module, found):
+def _search_holders(module, found, reporting_frame):
     from comfy_memx import holders
-    report = holders.find_holders(module, budget_s=runtime.config.leak_budget, ignore=_ignored(found))
+    report = holders.find_holders(module, budget_s=runtime.config.leak_budget, ignore=_ignored(found),
+                                  ignore_frames_up_to=reporting_frame)
     referrers = [{"path": c.path, "package": c.package, "root_kind": c.root_kind} for c in report.chains]
     search = {"seconds": round(report.seconds, 4), "objects_visited": report.objects_visited,
               "complete": report.complete}

@@ -3,7 +3,8 @@
 comfy_memx must never be the reason a model stays in memory, so a record keeps a ``weakref.ref`` to the module and a
 ``WeakSet`` of the ModelPatchers seen with it, and disappears by itself when the module is collected.  Records carry
 identity (class name, a stable ``model_id``), the owner at load time, resident bytes, the last unloads and the leak
-state; they never hold tensors, patchers or the module.
+state; they never hold tensors, patchers or the module.  Patchers are kept in a plain ``{id: weakref}`` dict rather
+than a WeakSet: adding a known patcher is then one dict lookup, and counting them costs no iteration guard.
 """
 
 import collections
@@ -35,7 +36,7 @@ class ModelRecord:
         self.last_used = None
         self.loads = 0
         self.unloads = collections.deque(maxlen=UNLOADS_KEPT)
-        self.patchers = weakref.WeakSet()
+        self.patchers = {}  # id(patcher) -> weakref.ref(patcher), pruned when a patcher dies
         self.leak = None  # None, or {"stage": ..., "prompt_id": ..., "time": ...}
 
     @property
@@ -43,12 +44,22 @@ class ModelRecord:
         """True while the torch module exists."""
         return self.module_ref() is not None
 
+    def add_patcher(self, patcher):
+        """Remember (weakly) a ModelPatcher seen with this module."""
+        key = id(patcher)
+        if key not in self.patchers:
+            patchers = self.patchers
+            self.patchers[key] = weakref.ref(patcher, lambda _dead: patchers.pop(key, None))
+
     def live_patchers(self):
         """How many ModelPatchers seen by comfy_memx still reference this module (ComfyUI's own holders)."""
         module = self.module_ref()
-        if module is None:
-            return 0
-        return sum(1 for patcher in list(self.patchers) if getattr(patcher, "model", None) is module)
+        count = 0
+        for ref in list(self.patchers.values()):
+            patcher = ref()
+            if patcher is not None and getattr(patcher, "model", None) is module:
+                count += 1
+        return count
 
     def touch(self):
         """Mark the model as used now."""

@@ -204,7 +204,7 @@ def adopt(module):
         if patcher is None or module_obj is None:
             continue
         record = runtime.ledger.record_for(module_obj)
-        record.patchers.add(patcher)
+        record.add_patcher(patcher)
         record.patcher_id = id(patcher)
         record.device = str(getattr(entry, "device", None))
         record.loaded_bytes = patcher.loaded_size()

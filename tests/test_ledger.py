@@ -26,7 +26,7 @@ def test_ledger_never_keeps_a_model_alive():
     module = Module()
     patcher = Patcher(module)
     record = ledger.record_for(module)
-    record.patchers.add(patcher)
+    record.add_patcher(patcher)
     assert record.live_patchers() == 1
     probe = weakref.ref(module)
     del module, patcher
