@@ -1,0 +1,53 @@
+"""Helpers for tests that run comfy_memx's real patch path on the ComfyUI stand-ins."""
+
+import contextlib
+import json
+
+from comfy_memx import registry, runtime
+from comfy_memx._bootstrap import bootstrap
+from fake_comfy.loader import purge_fake_comfy, use_fake_comfy
+
+
+@contextlib.contextmanager
+def memx_on(version, **settings):
+    """Bootstrap comfy_memx with ``settings`` (COMFY_MEMX_* names without prefix), then import the stand-in.
+
+    The patches are applied by the post-import hook, as in a real ComfyUI start.  Yields the stand-in's
+    ``comfy.model_management``; unpatches and purges the stand-in afterwards.
+    """
+    environ = {"COMFY_MEMX_" + k.upper(): str(v) for k, v in settings.items()}
+    environ["COMFY_MEMX_RAISE_INTERNAL"] = "1"
+    runtime.reset()
+    bootstrap("api", environ)
+    try:
+        mm = use_fake_comfy(version)
+        import execution  # noqa: F401  (the execution patch and the startup line fire on its import)
+        yield mm
+    finally:
+        registry.remove_all()
+        purge_fake_comfy()
+
+
+def read_events(path):
+    """The JSON objects of an events file."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def install_pack(tmp_path, name="leaky_pack"):
+    """Copy a test pack under ``tmp_path/custom_nodes/`` and load it with the stand-in's own custom-node loader."""
+    import asyncio
+    import os
+    import shutil
+    import nodes
+    from fake_comfy.loader import PACKS_DIR
+    target = tmp_path / "custom_nodes" / name
+    shutil.copytree(os.path.join(PACKS_DIR, name), target)
+    assert asyncio.run(nodes.load_custom_node(str(target))) is not False
+    return target
+
+
+def run_prompt(executor, prompt_id, prompt):
+    """Execute a prompt dict ({node_id: {"class_type", "inputs"}}) synchronously through the stand-in executor."""
+    executor.execute(prompt, prompt_id)
+    return executor
