@@ -54,8 +54,12 @@ setup(
     if os.path.exists(os.path.join(HERE, "README.md")) else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=["comfy_memx", "comfy_memx.patches"],
-    package_dir={"comfy_memx": "comfy_memx", "comfy_memx.patches": "patches"},
+    packages=["comfy_memx", "comfy_memx.patches", "comfy_memx._shapes"],
+    # The ComfyUI-shaped stand-ins of the tests also drive `python -m comfy_memx demo`; they ship as data.
+    package_dir={"comfy_memx": "comfy_memx", "comfy_memx.patches": "patches", "comfy_memx._shapes": "tests/fake_comfy"},
+    package_data={"comfy_memx._shapes": ["README.md", "v0_27_0/*.py", "v0_27_0/*/*.py", "v0_27_0/custom_nodes/.keep",
+                                         "v0_3_64/*.py", "v0_3_64/*/*.py", "v0_3_64/custom_nodes/.keep",
+                                         "packs/*/*.py"]},
     install_requires=["torch>=2.1", "safetensors>=0.4", "psutil>=5.9"],
     extras_require={
         "metrics": ["prometheus_client>=0.17"],
