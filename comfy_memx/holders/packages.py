@@ -1,0 +1,164 @@
+"""Which package owns a module: a custom-node package, ComfyUI itself (``core``), or a top-level package.
+
+A leak report is only useful if it says whose code to fix, so every holder chain carries the package that owns
+its root.  Everything here reads ``sys.modules`` and module ``__dict__`` entries that are already loaded; it
+imports nothing (in particular not ComfyUI's ``folder_paths``) and touches the filesystem only through
+``os.path`` string operations.
+"""
+
+import os
+import sys
+from types import ModuleType
+
+CORE = "core"
+
+# ModuleType's own __dict__ getter: reading it never runs a module-level __getattr__ (lazy-import shims do).
+_MODULE_DICT = ModuleType.__dict__["__dict__"]
+
+
+def module_namespace(module):
+    """Return ``module.__dict__`` without running any attribute hook of the module (or ``{}`` if unreadable)."""
+    try:
+        return _MODULE_DICT.__get__(module)
+    except Exception:
+        return {}
+
+
+def display_module_name(name):
+    """Return the dotted name a person would recognise for a module called ``name`` in ``sys.modules``.
+
+    # COMFY: nodes.py load_custom_node (0.3.64, 0.27.0) registers a custom-node package under its *directory
+    path* (``/srv/ComfyUI/custom_nodes/some_pack``) and its submodules become ``/srv/.../some_pack.model``.
+    Such names are shortened to the part after the last path separator (``some_pack.model``); other names are
+    returned unchanged.
+    """
+    if not isinstance(name, str):
+        return "?"
+    cut = max(name.rfind("/"), name.rfind("\\"))
+    return name[cut + 1:] if cut >= 0 else name
+
+
+def default_comfy_root():
+    """Guess ComfyUI's root directory in this process, or ``None`` when ComfyUI is not running here.
+
+    Uses ``folder_paths.base_path`` when ComfyUI's ``folder_paths`` is already imported, else the directory of
+    ``__main__.__file__`` when that file is a ``main.py`` (how ComfyUI is started).
+    """
+    folder_paths = sys.modules.get("folder_paths")
+    if isinstance(folder_paths, ModuleType):
+        base = module_namespace(folder_paths).get("base_path")
+        if isinstance(base, str) and base:
+            return base
+    main = sys.modules.get("__main__")
+    if isinstance(main, ModuleType):
+        main_file = module_namespace(main).get("__file__")
+        if isinstance(main_file, str) and os.path.basename(main_file) == "main.py":
+            return os.path.dirname(os.path.abspath(main_file))
+    return None
+
+
+def _norm(path):
+    return os.path.normcase(os.path.abspath(path))
+
+
+def _custom_node_dirs():
+    """Directories ComfyUI loads custom nodes from, when ComfyUI's ``folder_paths`` is already imported.
+
+    # COMFY: extra_model_paths.yaml can add custom-node directories that are not named ``custom_nodes``.
+    """
+    folder_paths = sys.modules.get("folder_paths")
+    if not isinstance(folder_paths, ModuleType):
+        return []
+    table = module_namespace(folder_paths).get("folder_names_and_paths")
+    try:
+        entry = table.get("custom_nodes") if type(table) is dict else None
+        dirs = entry[0] if entry else []
+        return [_norm(d) for d in dirs if isinstance(d, str)]
+    except Exception:
+        return []
+
+
+def _first_part_under(path, directory):
+    """The first path component of ``path`` below ``directory``, or ``None`` if ``path`` is not inside it."""
+    directory = directory.rstrip(os.sep)
+    if not path.startswith(directory + os.sep):
+        return None
+    rest = path[len(directory) + 1:]
+    return rest.split(os.sep, 1)[0] or None
+
+
+def _strip_py(name):
+    return name[:-3] if name.endswith(".py") else name
+
+
+def _top_level_from_file(path):
+    """Top-level importable name for a file, found via the longest ``sys.path`` entry that contains it."""
+    best = None
+    for entry in sys.path:
+        if not isinstance(entry, str):
+            continue
+        directory = _norm(entry or os.curdir)
+        part = _first_part_under(path, directory)
+        if part is not None and (best is None or len(directory) > best[0]):
+            best = (len(directory), part)
+    if best is not None:
+        return _strip_py(best[1])
+    return _strip_py(os.path.basename(path))
+
+
+def package_of(module_or_file, comfy_root=None):
+    """Name the package that owns a module: the custom-node package, ``core``, or the top-level package.
+
+    ``module_or_file`` is a module object, a module name present in ``sys.modules``, or a source file path.
+
+    * a file inside a custom-node directory (a directory named ``custom_nodes``, or one of ComfyUI's configured
+      custom-node paths) belongs to the directory (or single-file module) right under it: ``some_pack``;
+    * a file inside ``comfy_root`` (default: :func:`default_comfy_root`) belongs to ``core``;
+    * anything else belongs to its top-level package name (``torch``, ``comfy_memx``, ``threading``).
+
+    Example::
+
+        >>> package_of("/srv/ComfyUI/custom_nodes/some_pack/model.py")
+        'some_pack'
+
+    .. versionadded:: 0.1
+    """
+    name = None
+    path = None
+    module = module_or_file
+    if isinstance(module_or_file, str):
+        module = sys.modules.get(module_or_file)
+        if module is None:
+            if os.sep in module_or_file or "/" in module_or_file or module_or_file.endswith(".py"):
+                path = module_or_file
+            else:
+                name = module_or_file
+    if isinstance(module, ModuleType):
+        namespace = module_namespace(module)
+        name = namespace.get("__name__")
+        path = namespace.get("__file__")
+    if isinstance(path, str) and path:
+        return _package_of_file(_norm(path), name, comfy_root)
+    if isinstance(name, str) and name:
+        return display_module_name(name).split(".", 1)[0]
+    return "?"
+
+
+def _package_of_file(path, module_name, comfy_root):
+    for directory in _custom_node_dirs():
+        part = _first_part_under(path, directory)
+        if part is not None:
+            return _strip_py(part)
+    parts = path.split(os.sep)
+    if "custom_nodes" in parts:
+        index = parts.index("custom_nodes")
+        if index + 1 < len(parts) - 1 or (index + 1 == len(parts) - 1 and parts[-1].endswith(".py")):
+            return _strip_py(parts[index + 1])
+    root = comfy_root if comfy_root is not None else default_comfy_root()
+    if root and _first_part_under(path, _norm(root)) is not None:
+        return CORE
+    if isinstance(module_name, str) and module_name and "/" not in module_name and "\\" not in module_name:
+        top = module_name.split(".", 1)[0]
+        if top != "__main__":
+            return top
+    return _top_level_from_file(path)

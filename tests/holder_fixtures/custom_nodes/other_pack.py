@@ -1,0 +1,3 @@
+"""Fixture: a single-file custom node that remembers the last model it saw."""
+
+LAST = []

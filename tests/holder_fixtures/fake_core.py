@@ -1,0 +1,3 @@
+"""Fixture: a module inside the fake ComfyUI root (``tests/holder_fixtures``), so it belongs to ``core``."""
+
+CACHE = {}
