@@ -72,14 +72,18 @@ def after_collect(found):
         _reported.add(key)
         module = suspect.module_ref()
         stage = "cycle" if module is None else "rooted"
-        referrers, search = [], None
+        referrers, search, report = [], None, None
         if stage == "rooted":
             rooted_leaks.append(record.model_id)
             if runtime.config.leak_mode == "strict":
-                referrers, search = _search_holders(module, found, sys._getframe())
+                report = _search_holders(module, found, sys._getframe())
+                referrers, search = _rooted_referrers(report)
         elif suspect.cycle is not None:
-            referrers, search = _cycle_referrers(suspect.cycle)
+            report = suspect.cycle
+            referrers, search = _cycle_referrers(report)
         del module
+        if report is not None and runtime.config.leak_graph:
+            _write_graph(record, stage, report)
         record.leak = {"stage": stage, "prompt_id": prompt_id, "time": round(time.time(), 6)}
         _log(record, stage, referrers, search)
         runtime.events.emit("leak", model=record.model, model_id=record.model_id, owner=record.owner._asdict(),
@@ -92,17 +96,41 @@ def _ignored(found):
 
 def _search_holders(module, found, reporting_frame):
     from comfy_memx import holders
-    report = holders.find_holders(module, budget_s=runtime.config.leak_budget, ignore=_ignored(found),
-                                  ignore_frames_up_to=reporting_frame)
-    referrers = [{"path": c.path, "package": c.package, "root_kind": c.root_kind} for c in report.chains]
-    search = {"seconds": round(report.seconds, 4), "objects_visited": report.objects_visited,
-              "complete": report.complete}
-    return referrers, search
+    return holders.find_holders(module, budget_s=runtime.config.leak_budget, ignore=_ignored(found),
+                                ignore_frames_up_to=reporting_frame)
+
+
+def _search_summary(report):
+    return {"seconds": round(report.seconds, 4), "objects_visited": report.objects_visited,
+            "complete": report.complete}
+
+
+def _rooted_referrers(report):
+    return ([{"path": c.path, "package": c.package, "root_kind": c.root_kind} for c in report.chains],
+            _search_summary(report))
 
 
 def _cycle_referrers(cycle):
-    return ([{"path": cycle.text, "package": getattr(cycle, "package", None), "root_kind": "cycle"}],
-            {"seconds": round(cycle.seconds, 4), "objects_visited": len(cycle.members), "complete": cycle.complete})
+    return [{"path": cycle.text, "package": None, "root_kind": "cycle"}], _search_summary(cycle)
+
+
+def _write_graph(record, stage, report):
+    """COMFY_MEMX_LEAK_GRAPH: one Graphviz file per leak, and a PNG when a ``dot`` binary exists."""
+    import os
+    import shutil
+    import subprocess
+    from comfy_memx import holders
+    try:
+        os.makedirs(runtime.config.leak_graph, exist_ok=True)
+        base = os.path.join(runtime.config.leak_graph, f"{record.model_id.replace('#', '-')}-{stage}-{os.getpid()}")
+        with open(base + ".dot", "w", encoding="utf-8") as f:
+            f.write(holders.to_dot(report))
+        dot = shutil.which("dot")
+        if dot:
+            subprocess.run([dot, "-Tpng", "-o", base + ".png", base + ".dot"], timeout=20, check=False,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("comfy_memx: cannot write the leak graph to %s (%s)", runtime.config.leak_graph, exc)
 
 
 def _log(record, stage, referrers, search):
@@ -119,6 +147,9 @@ def _log(record, stage, referrers, search):
                 "" if not search or search["complete"] else " (search incomplete: budget or depth ran out)")
     for ref in referrers:
         log.warning("comfy_memx:   %s  [package %s, %s]", ref["path"], ref["package"], ref["root_kind"])
+    if not referrers:
+        log.warning("comfy_memx:   no holder reachable by the garbage collector: it is held from C code or by an "
+                    "object the search skips")
 
 
 def reset():

@@ -1,0 +1,198 @@
+"""Strict leak mode through the real patch path (cleanup_models_gc on both stand-in shapes)."""
+
+import gc
+import importlib.util
+import logging
+import os
+import subprocess
+import sys
+import threading
+import weakref
+
+import pytest
+
+from comfy_memx import leakwatch
+from fake_comfy.loader import shape_root
+from memx_helpers import memx_on, read_events
+
+VERSIONS = ["0.3.64", "0.27.0"]
+HOLDER_PACK = '''
+"""A custom-node pack of our own that holds models in the ways real packs do."""
+import threading
+
+import comfy.model_base
+import comfy.model_management
+import comfy.model_patcher
+
+REGISTRY = {}
+KEEPERS = []
+
+
+class Keeper:
+    def __init__(self, model):
+        self.model = model
+        self.me = self          # a reference cycle
+
+
+def make_patcher(tensor_count=4):
+    mm = comfy.model_management
+    return comfy.model_patcher.ModelPatcher(comfy.model_base.BaseModel(tensor_count, 1024),
+                                            load_device=mm.get_torch_device(), offload_device=mm.unet_offload_device())
+
+
+def load(patcher):
+    comfy.model_management.load_models_gpu([patcher])
+
+
+def hold_in_thread(model, release):
+    box = [model]
+    taken = threading.Event()
+
+    def worker():
+        model = box.pop()   # from now on only this frame's local variable holds it
+        taken.set()
+        release.wait(30)
+        del model
+    thread = threading.Thread(target=worker, name="holder-thread", daemon=True)
+    thread.start()
+    taken.wait(10)
+    return thread
+'''
+
+
+def write_pack(tmp_path):
+    folder = tmp_path / "custom_nodes" / "holder_pack"
+    folder.mkdir(parents=True)
+    (folder / "__init__.py").write_text(HOLDER_PACK)
+    return folder
+
+
+def import_pack(folder):
+    spec = importlib.util.spec_from_file_location("holder_pack", os.path.join(folder, "__init__.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules["holder_pack"] = module
+    return module
+
+
+@pytest.fixture
+def strict(request, tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    events = tmp_path / "events.jsonl"
+    with memx_on(request.param, leak_mode="strict", events=events, leak_graph=tmp_path / "graphs") as mm:
+        pack = import_pack(write_pack(tmp_path))
+        yield mm, pack, events, caplog
+        sys.modules.pop("holder_pack", None)
+
+
+def leak_into(mm, pack, hold):
+    """Load a model from the pack, let ``hold(module)`` keep it, and drop ComfyUI's patcher."""
+    patcher = pack.make_patcher()
+    pack.load(patcher)
+    hold(patcher.model)
+    probe = weakref.ref(patcher.model)
+    del patcher
+    gc.collect()
+    return probe
+
+
+def leak_lines(caplog):
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("comfy_memx:")]
+
+
+@pytest.mark.parametrize("strict", VERSIONS, indirect=True)
+def test_rooted_leak_names_every_holder_with_package(strict):
+    mm, pack, events, caplog = strict
+    probe = leak_into(mm, pack, lambda m: (pack.REGISTRY.__setitem__("unet", m),
+                                           pack.KEEPERS.append(pack.Keeper(m))))
+    mm.cleanup_models_gc()
+    lines = leak_lines(caplog)
+    assert "loaded by package holder_pack is held by 2 reference chain(s)" in lines[0]
+    assert any("holder_pack.REGISTRY['unet']  [package holder_pack, module_global]" in line for line in lines)
+    assert any("holder_pack.KEEPERS[0].model" in line for line in lines)
+    leak = [e for e in read_events(events) if e["event"] == "leak"][0]
+    assert leak["stage"] == "rooted" and leak["search"]["complete"] is True
+    assert {r["package"] for r in leak["referrers"]} == {"holder_pack"}
+    assert os.listdir(str(events.parent / "graphs"))
+    pack.REGISTRY.clear()
+    pack.KEEPERS.clear()
+    gc.collect()
+    assert probe() is None   # neither the search nor the ledger kept it
+
+
+@pytest.mark.parametrize("strict", VERSIONS, indirect=True)
+def test_model_held_only_by_a_cycle_is_reported_as_cycle_and_collected(strict):
+    mm, pack, events, caplog = strict
+    gc.disable()
+    try:
+        keepers = []
+        probe = leak_into(mm, pack, lambda m: keepers.append(pack.Keeper(m)))
+        keepers.clear()                        # now only the Keeper's self-cycle holds the module
+        assert probe() is not None
+        mm.cleanup_models_gc()
+    finally:
+        gc.enable()
+    assert probe() is None
+    lines = leak_lines(caplog)
+    assert "held only by a reference cycle" in lines[0]
+    assert ".me" in lines[1] and "Keeper" in lines[1]
+    leak = [e for e in read_events(events) if e["event"] == "leak"][0]
+    assert leak["stage"] == "cycle" and leak["referrers"][0]["root_kind"] == "cycle"
+
+
+@pytest.mark.parametrize("strict", VERSIONS, indirect=True)
+def test_thread_local_variable_is_a_root(strict):
+    mm, pack, events, caplog = strict
+    release = threading.Event()
+    threads = []
+    probe = leak_into(mm, pack, lambda m: threads.append(pack.hold_in_thread(m, release)))
+    try:
+        mm.cleanup_models_gc()
+        chains = [e for e in read_events(events) if e["event"] == "leak"][0]["referrers"]
+        assert [c["root_kind"] for c in chains] == ["thread_frame"]
+        assert "holder-thread" in chains[0]["path"] and "'model'" in chains[0]["path"]
+        assert chains[0]["package"] == "holder_pack"
+    finally:
+        release.set()
+        threads[0].join(5)
+    gc.collect()
+    assert probe() is None
+
+
+@pytest.mark.parametrize("strict", VERSIONS, indirect=True)
+def test_one_report_per_leaked_model_per_prompt(strict):
+    mm, pack, events, caplog = strict
+    leak_into(mm, pack, lambda m: pack.REGISTRY.__setitem__("m", m))
+    for _ in range(3):
+        mm.cleanup_models_gc()
+    assert len([e for e in read_events(events) if e["event"] == "leak"]) == 1
+    pack.REGISTRY.clear()
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_budget_exhaustion_reports_incomplete(version, tmp_path, caplog):
+    events = tmp_path / "events.jsonl"
+    with memx_on(version, leak_mode="strict", events=events, leak_budget="0.000001") as mm:
+        pack = import_pack(write_pack(tmp_path))
+        chain = [[[[{"deep": None}]]]]
+        leak_into(mm, pack, lambda m: (chain[0][0][0][0].__setitem__("deep", m),
+                                       pack.REGISTRY.__setitem__("chain", chain)))
+        mm.cleanup_models_gc()
+        leak = [e for e in read_events(events) if e["event"] == "leak"][0]
+        assert leak["search"]["complete"] is False
+        assert any("search incomplete" in m for m in leak_lines(caplog))
+        pack.REGISTRY.clear()
+        sys.modules.pop("holder_pack", None)
+
+
+@pytest.mark.parametrize("fail,status", [("1", 3), ("0", 0)])
+def test_leak_fail_exits_with_status_3_at_shutdown(tmp_path, fail, status):
+    pack_dir = write_pack(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMFY_MEMX")}
+    out = subprocess.run([sys.executable, "-m", "comfy_memx", "--leak-fail", fail,
+                          os.path.join(os.path.dirname(__file__), "scripts", "leak_then_exit.py"),
+                          shape_root("0.27.0"), str(pack_dir)], capture_output=True, text=True, env=env, timeout=120)
+    assert "script finished" in out.stdout
+    assert out.returncode == status, out.stderr
+    if status == 3:
+        assert "1 rooted leak(s) found (BaseModel#1)" in out.stderr
