@@ -18,6 +18,7 @@ from memx_helpers import memx_on, read_events
 VERSIONS = ["0.3.64", "0.27.0"]
 HOLDER_PACK = '''
 """A custom-node pack of our own that holds models in the ways real packs do."""
+import functools
 import threading
 
 import comfy.model_base
@@ -42,6 +43,45 @@ def make_patcher(tensor_count=4):
 
 def load(patcher):
     comfy.model_management.load_models_gpu([patcher])
+
+
+class Hostile:
+    """A holder whose dunder methods raise: the search must never call them."""
+    def __init__(self, model):
+        object.__setattr__(self, "held", model)
+
+    def __getattr__(self, name):
+        raise RuntimeError("__getattr__ called")
+
+    def __eq__(self, other):
+        raise RuntimeError("__eq__ called")
+
+    __hash__ = object.__hash__
+
+    def __repr__(self):
+        raise RuntimeError("__repr__ called")
+
+
+class Hooks:
+    def __init__(self, model):
+        self.model = model
+
+    def preview(self):
+        return self.model
+
+
+def make_callback(model):
+    def callback():
+        return model
+    return callback
+
+
+@functools.lru_cache(maxsize=4)
+def cached_lookup(key):
+    return CACHE_SOURCE.pop()
+
+
+CACHE_SOURCE = []
 
 
 def hold_in_thread(model, release):
@@ -118,6 +158,38 @@ def test_rooted_leak_names_every_holder_with_package(strict):
     pack.KEEPERS.clear()
     gc.collect()
     assert probe() is None   # neither the search nor the ledger kept it
+
+
+HOLD = {
+    "dict_key": (lambda p, m: p.REGISTRY.__setitem__(("qwen_2512.safetensors", 1024), m),
+                 "holder_pack.REGISTRY[('qwen_2512.safetensors', 1024)]"),
+    "bound_method": (lambda p, m: p.REGISTRY.__setitem__("hook", p.Hooks(m).preview),
+                     "holder_pack.REGISTRY['hook'].__self__.model"),
+    "closure": (lambda p, m: p.REGISTRY.__setitem__("cb", p.make_callback(m)),
+                "holder_pack.REGISTRY['cb'] -> closure 'model'"),
+    "hostile_holder": (lambda p, m: p.KEEPERS.append(p.Hostile(m)), "holder_pack.KEEPERS[0].held"),
+    "huge_list": (lambda p, m: p.REGISTRY.__setitem__("big", [None] * 1_000_000 + [m]),
+                  "holder_pack.REGISTRY['big'][1000000]"),
+    "lru_cache": (lambda p, m: (p.CACHE_SOURCE.append(m), p.cached_lookup("unet")), "holder_pack.cached_lookup"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HOLD))
+@pytest.mark.parametrize("strict", VERSIONS, indirect=True)
+def test_each_kind_of_holder_is_named_through_the_patch_path(strict, kind):
+    mm, pack, events, caplog = strict
+    hold, expected = HOLD[kind]
+    probe = leak_into(mm, pack, lambda m: hold(pack, m))
+    mm.cleanup_models_gc()
+    leak = [e for e in read_events(events) if e["event"] == "leak"][0]
+    paths = [r["path"] for r in leak["referrers"]]
+    assert any(path.startswith(expected) for path in paths), paths
+    assert leak["search"]["complete"] is True and leak["search"]["seconds"] < 2
+    pack.REGISTRY.clear()
+    pack.KEEPERS.clear()
+    pack.cached_lookup.cache_clear()
+    gc.collect()
+    assert probe() is None
 
 
 @pytest.mark.parametrize("strict", VERSIONS, indirect=True)
