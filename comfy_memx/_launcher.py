@@ -136,8 +136,8 @@ def _leak_fail_exit(cfg):
     if not getattr(cfg, "leak_fail", False):
         return
     from comfy_memx import leakwatch
-    if leakwatch.rooted_leaks:
-        print(f"comfy_memx: {len(leakwatch.rooted_leaks)} rooted leak(s) found "
-              f"({', '.join(sorted(set(leakwatch.rooted_leaks)))}); exiting with status {LEAK_FAIL_STATUS}",
-              file=sys.stderr)
+    leaked = sorted(set(leakwatch.rooted_leaks))
+    if leaked:
+        print(f"comfy_memx: {len(leaked)} model(s) leaked with a rooted holder ({', '.join(leaked)}); "
+              f"exiting with status {LEAK_FAIL_STATUS}", file=sys.stderr)
         sys.exit(LEAK_FAIL_STATUS)

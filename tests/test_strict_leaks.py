@@ -267,4 +267,4 @@ def test_leak_fail_exits_with_status_3_at_shutdown(tmp_path, fail, status):
     assert "script finished" in out.stdout
     assert out.returncode == status, out.stderr
     if status == 3:
-        assert "1 rooted leak(s) found (BaseModel#1)" in out.stderr
+        assert "1 model(s) leaked with a rooted holder (BaseModel#1)" in out.stderr
