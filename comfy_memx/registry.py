@@ -1,8 +1,10 @@
 """Which patch modules exist, arming them on their ComfyUI targets, and what was patched or skipped (and why).
 
 Each patch module applies on its own: a missing site is skipped with its reason and the others still apply
-(ddtrace's ``_monkey``).  The one startup line is logged when ``execution`` finished importing: by then main.py has
-imported ``comfy.utils``, ``comfy.model_management``, ``nodes`` and ``execution``, so every core site is settled.
+(ddtrace's ``_monkey``).  The one startup line is logged when ``server`` finished importing: main.py imports it
+right after ``comfy.utils`` and ``execution`` (which pull in ``comfy.model_management``, ``nodes`` and, from 0.27.0,
+``comfy.pinned_memory``), so every site is settled by then; a target still not imported is listed as skipped.
+Programs that never import ``server`` get the line at their first model load instead.
 """
 
 import functools
@@ -14,10 +16,11 @@ from comfy_memx.config import PATCH_NAMES
 from comfy_memx.errors import PatchSkipped, internal_error
 
 log = logging.getLogger("comfy_memx")
-ANNOUNCE_AFTER = "execution"
+ANNOUNCE_AFTER = "server"
 
 _status = {}       # (patch name, site) -> (state, reason)
-_announced = False
+_armed = {}        # patch name -> target module name, for patches whose target is not imported yet
+announced = False
 
 
 def patch_module(name):
@@ -48,13 +51,15 @@ def arm(cfg):
             for site in patch_module(name).SITES:
                 _status[(name, site)] = ("skipped", "disabled by COMFY_MEMX_DISABLE")
             continue
-        importhook.when_imported(patch_module(name).TARGET, functools.partial(apply, name))
+        _armed[name] = patch_module(name).TARGET
+        importhook.when_imported(_armed[name], functools.partial(apply, name))
     importhook.when_imported(ANNOUNCE_AFTER, lambda _module: announce())
 
 
 def apply(name, module):
     """Patch ``module`` with patch module ``name`` and record each site's result."""
     patches = patch_module(name)
+    _armed.pop(name, None)
     for site, result in patches.patch(module).items():
         if isinstance(result, PatchSkipped):
             _status[(name, site)] = ("skipped", str(result))
@@ -73,6 +78,7 @@ def remove_all():
     """Unpatch every applied patch whose target is imported, and drop pending hooks."""
     import sys
     importhook.discard()
+    _armed.clear()
     for name in PATCH_NAMES:
         patches = patch_module(name)
         module = sys.modules.get(patches.TARGET)
@@ -91,21 +97,19 @@ def startup_line(version, source, leak_mode):
     """The one INFO line logged when comfy_memx is active."""
     patched = [site for (_, site), (state, _) in _status.items() if state == "patched"]
     skipped = [f"{site} ({reason})" for (_, site), (state, reason) in _status.items() if state == "skipped"]
+    skipped += [f"{', '.join(patch_module(name).SITES)} ({target} not imported)" for name, target in _armed.items()]
     line = f"comfy_memx {version} active ({source}, leak mode {leak_mode}): patched {', '.join(patched) or 'nothing'}"
     if skipped:
         line += "; skipped " + ", ".join(skipped)
-    pending = importhook.pending()
-    if pending:
-        line += "; waiting for " + ", ".join(pending)
     return line
 
 
 def announce(force=False):
     """Log the startup line once (and the config warnings queued by the bootstrap)."""
-    global _announced
-    if _announced and not force:
+    global announced
+    if announced and not force:
         return
-    _announced = True
+    announced = True
     from comfy_memx import __version__, runtime
     for warning in runtime.config.warnings:
         log.warning("comfy_memx: %s", warning)
@@ -114,6 +118,7 @@ def announce(force=False):
 
 def reset():
     """Forget statuses and the announcement (tests)."""
-    global _announced
+    global announced
     _status.clear()
-    _announced = False
+    _armed.clear()
+    announced = False

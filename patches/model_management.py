@@ -13,7 +13,7 @@ Settings: ``COMFY_MEMX_LEAK_MODE`` (off disables the cleanup_models_gc work), ``
 import sys
 from time import perf_counter
 
-from comfy_memx import accounting, leakwatch, runtime
+from comfy_memx import accounting, leakwatch, registry, runtime
 from comfy_memx.errors import internal_error
 from comfy_memx.registry import patch_sites, unpatch_sites
 
@@ -25,6 +25,8 @@ def _memx_load_models_gpu(mm, original, switch):
     def load_models_gpu(*args, **kwargs):
         if not switch.on:
             return original(*args, **kwargs)
+        if not registry.announced:
+            registry.announce()
         before = list(mm.current_loaded_models)
         try:
             return original(*args, **kwargs)

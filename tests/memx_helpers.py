@@ -21,7 +21,11 @@ def memx_on(version, **settings):
     bootstrap("api", environ)
     try:
         mm = use_fake_comfy(version)
-        import execution  # noqa: F401  (the execution patch and the startup line fire on its import)
+        import execution  # noqa: F401  (the execution patch fires on its import)
+        try:
+            import server  # noqa: F401  (the startup line is logged once server is imported, as in main.py)
+        except ImportError:
+            pass
         yield mm
     finally:
         registry.remove_all()

@@ -13,9 +13,17 @@ VERSIONS = ["0.3.64", "0.27.0"]
 
 
 def targets(mm):
-    import sys
-    return {name: (registry.patch_module(name), sys.modules[registry.patch_module(name).TARGET])
-            for name in PATCH_NAMES}
+    """Every patch module whose ComfyUI target this stand-in has (imported here if needed)."""
+    import importlib
+    found = {}
+    for name in PATCH_NAMES:
+        patches = registry.patch_module(name)
+        try:
+            found[name] = (patches, importlib.import_module(patches.TARGET))
+        except ImportError:
+            continue
+    assert {"model_management", "execution"} <= set(found)
+    return found
 
 
 def present_sites(patches, module):
@@ -135,7 +143,9 @@ def test_disabled_patch_is_skipped_with_reason(version):
 @pytest.mark.parametrize("version", VERSIONS)
 def test_startup_line_lists_patched_and_skipped_sites(version, caplog):
     caplog.set_level(logging.INFO, logger="comfy_memx")
-    with memx_on(version):
+    with memx_on(version) as mm:
+        mm.load_models_gpu([make_patcher()])   # at the latest, the first load announces
+        mm.load_models_gpu([make_patcher()])
         lines = [r.getMessage() for r in caplog.records if "active (api" in r.getMessage()]
     assert len(lines) == 1
     assert "patched load_models_gpu" in lines[0] and "PromptExecutor.execute_async" in lines[0]
