@@ -87,16 +87,21 @@ def remove_all():
     _status.clear()
 
 
+def _ordered_status():
+    order = {name: i for i, name in enumerate(PATCH_NAMES)}
+    return sorted(_status.items(), key=lambda item: order.get(item[0][0], len(order)))
+
+
 def site_status():
-    """[{"patch", "site", "state", "reason"}] for every site seen so far."""
+    """[{"patch", "site", "state", "reason"}] for every site seen so far, in patch order."""
     return [{"patch": name, "site": site, "state": state, "reason": reason}
-            for (name, site), (state, reason) in _status.items()]
+            for (name, site), (state, reason) in _ordered_status()]
 
 
 def startup_line(version, source, leak_mode):
     """The one INFO line logged when comfy_memx is active."""
-    patched = [site for (_, site), (state, _) in _status.items() if state == "patched"]
-    skipped = [f"{site} ({reason})" for (_, site), (state, reason) in _status.items() if state == "skipped"]
+    patched = [site for (_, site), (state, _) in _ordered_status() if state == "patched"]
+    skipped = [f"{site} ({reason})" for (_, site), (state, reason) in _ordered_status() if state == "skipped"]
     skipped += [f"{', '.join(patch_module(name).SITES)} ({target} not imported)" for name, target in _armed.items()]
     line = f"comfy_memx {version} active ({source}, leak mode {leak_mode}): patched {', '.join(patched) or 'nothing'}"
     if skipped:

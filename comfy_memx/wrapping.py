@@ -111,6 +111,7 @@ def unwrap(module, dotted):
         setattr(owner, attr, installed.original)
     else:
         delattr(owner, attr)
+    installed.switch.on = False  # a stale alias (``from comfy.utils import f``) to the wrapper now passes through
     del _installed[key]
     return "restored"
 

@@ -127,11 +127,13 @@ def _oom_test(mm):
 
 
 def _memx_unload_all_models(mm, original, switch):
+    oom_test = _oom_test(mm)
+
     def unload_all_models(*args, **kwargs):
         if not switch.on:
             return original(*args, **kwargs)
         try:
-            reason = accounting.reason_for_unload_all(sys._getframe(1), _oom_test(mm))
+            reason = accounting.reason_for_unload_all(sys._getframe(1), oom_test)
         except Exception as exc:
             internal_error("unload reason", exc)
             reason = "unload_all"

@@ -100,3 +100,11 @@ def test_missing_site_is_skipped_with_reason():
         wrapping.wrap(module, "pin_memory", counting_wrapper([]))
     with pytest.raises(PatchSkipped, match="Missing absent"):
         wrapping.wrap(module, "Missing.method", counting_wrapper([]))
+
+
+def test_stale_alias_to_the_wrapper_passes_through_after_unpatch():
+    module, calls = make_module(), []
+    wrapping.wrap(module, "compute", counting_wrapper(calls))
+    alias = module.compute               # like `from comfy.utils import load_torch_file` in another module
+    wrapping.unwrap(module, "compute")
+    assert alias(1) == (1, 2, {}) and calls == []
