@@ -4,7 +4,7 @@ A model of 1250 tensors (about 34 MB, float32) is loaded with ``load_models_gpu`
 ``free_memory`` on the ComfyUI 0.27.0-shaped stand-in (its simulated GPU copies every tensor, so a cycle is real
 per-tensor work).  Patched and unpatched runs alternate inside one process (A B A B ...); each figure is the median
 of the per-pair ratios, with min and max.  ``added_us_per_wrapped_call`` divides the median extra time of a cycle by
-the number of wrapper calls in it.
+the number of wrapper calls in it.  The instrumented loader's ratios come from ``bench/loader_overhead.py``.
 """
 
 import gc
@@ -73,8 +73,20 @@ def _interleaved(patches, mm, cycle, cycles_per_sample, pairs):
     return statistics.median(ratios), min(ratios), max(ratios), statistics.median(extra)
 
 
-def run(quick=False):
-    """Measure patched/unpatched cycle time; returns JSON records (case ``overhead``)."""
+def _sizes(quick, tiny):
+    """(tensors, numel, cycles per sample, pairs) of each measured configuration."""
+    if tiny:
+        return (50, NUMEL, 1, 3), (1, 16, 10, 3)
+    return ((250 if quick else TENSORS, NUMEL, CYCLES_PER_SAMPLE, 15 if quick else 31),
+            (1, 16, 100 if quick else 400, 15 if quick else 31))
+
+
+def run(quick=False, tiny=False, workspace=None):
+    """Measure patched/unpatched cycle time and the loader's ratios; returns JSON records (case ``overhead``).
+
+    ``tiny`` shrinks everything for smoke tests; ``workspace`` (a ``bench/common.py`` Workspace) shares the
+    generated checkpoints with the other cases.
+    """
     from comfy_memx import registry, runtime
     from comfy_memx._bootstrap import bootstrap
     runtime.reset()
@@ -85,9 +97,7 @@ def run(quick=False):
     device = mm.get_torch_device()
     records = []
     try:
-        for tensors, numel, per_sample, pairs in ((250 if quick else TENSORS, NUMEL, CYCLES_PER_SAMPLE,
-                                                   15 if quick else 31),
-                                                  (1, 16, 100 if quick else 400, 15 if quick else 31)):
+        for tensors, numel, per_sample, pairs in _sizes(quick, tiny):
             patcher = patcher_mod.ModelPatcher(model_base.BaseModel(tensors, numel), load_device=device,
                                                offload_device=mm.unet_offload_device())
 
@@ -108,12 +118,21 @@ def run(quick=False):
     finally:
         patches.unpatch(mm)
         runtime.reset()
-    return records
+    return records + _loader_overhead().run(quick=quick, tiny=tiny, workspace=workspace)
+
+
+def _loader_overhead():
+    import importlib
+    import os
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    return importlib.import_module("loader_overhead")
 
 
 if __name__ == "__main__":
     import json
     import logging
     logging.disable(logging.INFO)
-    for record in run(quick="--quick" in sys.argv):
+    for record in run(quick="--quick" in sys.argv, tiny="--tiny" in sys.argv):
         print(json.dumps(record))

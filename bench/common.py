@@ -1,0 +1,379 @@
+"""Shared pieces of the benchmark cases: interleaved timing, statistics, records, test checkpoints, page cache, output.
+
+Records are plain dicts: ``case``, ``metric``, ``value``, ``unit``, and where they apply ``min``/``max`` (over the
+rounds), ``floor`` (the same-run physical limit the value is compared with) and ``ratio`` (value against that floor,
+the median of per-round ratios), plus free-form labels.  Only ratios taken inside one run are meaningful on a shared
+machine; absolute GB/s move 2-5x between runs (performance-anchors.md).
+
+torch and safetensors are imported inside the functions that need them.
+"""
+
+import contextlib
+import gc
+import json
+import math
+import os
+import shutil
+import statistics
+import struct
+import tempfile
+import time
+
+MIB = 1024 ** 2
+GIB = 1024 ** 3
+TENSORS = 1250
+FULL_BYTES = 2 * GIB
+QUICK_BYTES = 256 * MIB
+TINY_BYTES = 2 * MIB
+READ_CHUNK = 64 * MIB
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS_DIR = os.path.join(HERE, "results")
+
+
+def checkpoint_bytes(quick=False, tiny=False):
+    """Size of the generated test checkpoint: 2 GiB, 256 MiB with ``quick``, 2 MiB with ``tiny`` (smoke tests)."""
+    return TINY_BYTES if tiny else QUICK_BYTES if quick else FULL_BYTES
+
+
+def rounds_for(quick, tiny, full, quick_rounds, tiny_rounds=2):
+    """How many interleaved rounds a measurement gets in each mode."""
+    return tiny_rounds if tiny else quick_rounds if quick else full
+
+
+# -- timing -------------------------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def gc_paused():
+    """Keep the cyclic garbage collector from running inside timed regions."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def timed(call):
+    """Seconds one ``call()`` takes."""
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def interleaved(variants, rounds, warmup=1):
+    """Time each variant once per round, rotating the order every round (A B C, B C A, ...); returns name -> [s].
+
+    ``variants`` maps a name to ``call`` or to ``(call, prepare)``; ``prepare()`` runs untimed right before its
+    variant (e.g. dropping the page cache).  ``warmup`` untimed rounds go first.
+    """
+    names = list(variants)
+    steps = {name: v if isinstance(v, tuple) else (v, None) for name, v in variants.items()}
+    times = {name: [] for name in names}
+    with gc_paused():
+        for index in range(warmup + rounds):
+            shift = index % len(names)
+            for name in names[shift:] + names[:shift]:
+                call, prepare = steps[name]
+                if prepare is not None:
+                    prepare()
+                seconds = timed(call)
+                if index >= warmup:
+                    times[name].append(seconds)
+    return times
+
+
+def spread(values):
+    """(median, min, max) of a list of numbers."""
+    return statistics.median(values), min(values), max(values)
+
+
+def _round(value, digits=4):
+    if value is None or isinstance(value, int) or not math.isfinite(value):
+        return value
+    return round(value, digits) if abs(value) >= 1 else float(f"{value:.{digits}g}")
+
+
+def record(case, metric, value, unit, **labels):
+    """One benchmark record (values rounded to 4 significant digits or 4 decimals)."""
+    out = {"case": case, "metric": metric, "value": _round(value), "unit": unit}
+    for key, label in labels.items():
+        out[key] = _round(label) if isinstance(label, float) else label
+    return out
+
+
+def rate_record(case, metric, nbytes, seconds, floor_seconds=None, floor_bytes=None, **labels):
+    """GB/s of moving ``nbytes`` per round (median, min, max), next to the floor's GB/s and the per-round ratio.
+
+    ``seconds`` and ``floor_seconds`` are per-round timings from :func:`interleaved` (same length, same rounds);
+    ``ratio`` is the median over rounds of (this GB/s) / (floor GB/s) in that round.
+    """
+    rates = [nbytes / s / 1e9 for s in seconds]
+    median, low, high = spread(rates)
+    extra = {"min": low, "max": high, "rounds": len(seconds), "bytes": nbytes}
+    if floor_seconds:
+        floor_nbytes = nbytes if floor_bytes is None else floor_bytes
+        floor_rates = [floor_nbytes / s / 1e9 for s in floor_seconds]
+        extra["floor"] = statistics.median(floor_rates)
+        extra["ratio"] = statistics.median(rate / floor for rate, floor in zip(rates, floor_rates))
+    return record(case, metric, median, "GB/s", **extra, **labels)
+
+
+def seconds_record(case, metric, seconds, **labels):
+    """Median, min and max of per-round timings in seconds."""
+    median, low, high = spread(seconds)
+    return record(case, metric, median, "s", min=low, max=high, rounds=len(seconds), **labels)
+
+
+def ratio_record(case, metric, numerators, denominators, **labels):
+    """Median, min and max of per-round ``numerator / denominator`` (e.g. patched / unpatched seconds)."""
+    ratios = [a / b for a, b in zip(numerators, denominators)]
+    median, low, high = spread(ratios)
+    return record(case, metric, median, "ratio", min=low, max=high, ratio=median, pairs=len(ratios), **labels)
+
+
+def skipped_record(case, reason, **labels):
+    """A record saying why a case (or a part of it) was not measured."""
+    return record(case, "skipped", None, None, reason=reason, **labels)
+
+
+def load_average():
+    """The 1-minute load average (the machine is shared: report it next to every figure), or None."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+# -- test checkpoints ---------------------------------------------------------------------------------------------
+
+# One block of a UNet-like diffusion model at width c: (name, shape in units of c).
+_BLOCK = (("norm1.weight", ("c",)), ("norm1.bias", ("c",)), ("conv1.weight", ("c", "c", 3, 3)),
+          ("conv1.bias", ("c",)), ("norm2.weight", ("c",)), ("norm2.bias", ("c",)),
+          ("attn.to_q.weight", ("c", "c")), ("attn.to_k.weight", ("c", "c")), ("attn.to_v.weight", ("c", "c")),
+          ("attn.to_out.weight", ("c", "c")), ("attn.to_out.bias", ("c",)), ("ff.proj_in.weight", ("4c", "c")),
+          ("ff.proj_in.bias", ("4c",)), ("ff.proj_out.weight", ("c", "4c")), ("ff.proj_out.bias", ("c",)),
+          ("conv2.weight", ("c", "c", 3, 3)))
+_WIDTH_MULTIPLIERS = (1, 2, 4)
+BF16_EVERY = 7   # about 15 % of the tensors are bf16, the rest fp16
+
+
+def checkpoint_layout(total_bytes, tensors=TENSORS):
+    """[(name, shape, dtype name)] of a diffusion-model-like checkpoint: ``tensors`` tensors, about ``total_bytes``.
+
+    Blocks of convolutions, attention projections, feed-forward layers, norms and biases at three widths
+    (w, 2w, 4w); the base width w is the largest that keeps the total at or below ``total_bytes`` (at least 1).
+    """
+    def layout(width):
+        out = []
+        for index in range(tensors):
+            block, slot = divmod(index, len(_BLOCK))
+            c = width * _WIDTH_MULTIPLIERS[block % len(_WIDTH_MULTIPLIERS)]
+            name, dims = _BLOCK[slot]
+            shape = tuple(c if d == "c" else 4 * c if d == "4c" else d for d in dims)
+            dtype = "BF16" if index % BF16_EVERY == 3 else "F16"
+            out.append((f"diffusion_model.blocks.{block}.{name}", shape, dtype))
+        return out
+
+    def size(width):
+        return sum(2 * math.prod(shape) for _, shape, _ in layout(width))
+
+    low, high = 1, 2
+    while size(high) <= total_bytes:
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if size(middle) <= total_bytes else (low, middle)
+    return layout(low)
+
+
+def write_checkpoint(path, layout, metadata=None):
+    """Write a safetensors file of ``layout`` (a :func:`checkpoint_layout`) tensor by tensor; returns its size.
+
+    The data is uniform fp16 noise, cut from one 32 MiB pool so that writing is bound by the disk, not by the random
+    generator (never zeros: nothing sparse or trivially compressible).  The file is fsynced so that its pages can be
+    dropped from the page cache for cold reads.
+    """
+    import torch
+    header, offset = {}, 0
+    for name, shape, dtype in layout:
+        nbytes = 2 * math.prod(shape)
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    header["__metadata__"] = dict(metadata or {"format": "pt", "generator": "comfy_memx bench"})
+    encoded = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    encoded += b" " * (-(8 + len(encoded)) % 8)
+    pool = torch.empty(16 * MIB, dtype=torch.float16).uniform_(-1, 1, generator=torch.Generator().manual_seed(0))
+    pool = memoryview(pool.view(torch.uint8).numpy())
+    position = 0
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(encoded)))
+        f.write(encoded)
+        for name, shape, dtype in layout:
+            left = 2 * math.prod(shape)
+            while left:
+                piece = min(left, len(pool) - position)
+                f.write(pool[position:position + piece])
+                position = (position + piece) % len(pool)
+                left -= piece
+        f.flush()
+        os.fsync(f.fileno())
+    return os.path.getsize(path)
+
+
+class Workspace:
+    """A temporary folder for generated checkpoints (reused across cases of one run, removed at the end)."""
+
+    def __init__(self, parent=None):
+        self.path = tempfile.mkdtemp(prefix="comfy_memx_bench_", dir=parent)
+        self._checkpoints = {}
+
+    def checkpoint(self, total_bytes, tensors=TENSORS, name=None):
+        """Path of a generated checkpoint of about ``total_bytes`` in ``tensors`` tensors (generated once)."""
+        key = (total_bytes, tensors)
+        if key not in self._checkpoints:
+            layout = checkpoint_layout(total_bytes, tensors)
+            path = os.path.join(self.path, name or f"bench_{tensors}t_{total_bytes // MIB or 1}MiB.safetensors")
+            write_checkpoint(path, layout)
+            self._checkpoints[key] = (path, layout)
+        return self._checkpoints[key]
+
+    def file(self, name):
+        """A path inside the workspace."""
+        return os.path.join(self.path, name)
+
+    def close(self):
+        """Delete the folder and everything generated in it."""
+        shutil.rmtree(self.path, ignore_errors=True)
+        self._checkpoints.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+@contextlib.contextmanager
+def workspace_for(workspace):
+    """Use ``workspace`` if given, else a temporary one removed on exit (for running a case module on its own)."""
+    if workspace is not None:
+        yield workspace
+        return
+    with Workspace() as own:
+        yield own
+
+
+def drop_page_cache(path):
+    """Ask the kernel to drop ``path``'s cached pages (POSIX_FADV_DONTNEED) so the next read comes from disk.
+
+    Works for clean pages of files nobody maps; the checkpoint is fsynced when written.  Returns False where the
+    call is unavailable (then "cold" figures are warm ones).
+    """
+    if not hasattr(os, "posix_fadvise"):
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    return True
+
+
+def sequential_read(path, chunk=READ_CHUNK):
+    """Read the whole file with ``readinto`` into one reused buffer (the raw read floor); returns bytes read."""
+    buffer = bytearray(min(chunk, max(1, os.path.getsize(path))))
+    view = memoryview(buffer)
+    total = 0
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            n = f.readinto(view)
+            if not n:
+                return total
+            total += n
+
+
+# -- output -------------------------------------------------------------------------------------------------------
+
+_COLUMNS = ("case", "metric", "value", "unit", "min", "max", "floor", "ratio")
+# Kept in the JSON, left out of the table to keep it readable.
+_QUIET_LABELS = ("bytes", "rounds", "loadavg_1m", "case_seconds", "floor_is", "note", "file_bytes", "tensors",
+                 "events", "event_bytes", "command", "calls", "wrapped_calls_per_cycle", "cycles", "scans",
+                 "objects_visited")
+_QUIET_METRICS = ("bytes_registered_total",)
+
+
+def format_table(records):
+    """A plain-text table of the records, one block per case headed by its duration and load average."""
+    lines = []
+    for case in dict.fromkeys(r["case"] for r in records):
+        rows = [r for r in records if r["case"] == case and r["metric"] not in _QUIET_METRICS]
+        first = rows[0] if rows else {}
+        lines.append(f"== {case}" + (f"  ({first['case_seconds']} s, load average {first.get('loadavg_1m')})"
+                                     if "case_seconds" in first else ""))
+        cells = [("metric", "value", "min..max", "unit", "floor", "ratio", "labels")]
+        for r in rows:
+            value, low, high, unit = r["value"], r.get("min"), r.get("max"), r.get("unit") or ""
+            if unit == "bytes" and isinstance(value, int):
+                value, unit = value / GIB, "GiB"
+            labels = ", ".join(f"{k}={v}" for k, v in r.items() if k not in _COLUMNS and k not in _QUIET_LABELS)
+            cells.append((r["metric"], _fmt(value), f"{_fmt(low)}..{_fmt(high)}" if "min" in r else "", unit,
+                          _fmt(r.get("floor")), _fmt(r.get("ratio")), labels))
+        widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]) - 1)]
+        lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1] for row in cells]
+    return "\n".join(lines)
+
+
+def _fmt(value):
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def write_json(records, path):
+    """Write the records as one JSON list (creating the folder)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(records, f, indent=1)
+        f.write("\n")
+
+
+def _chart_value(r):
+    if isinstance(r.get("ratio"), (int, float)):
+        return r["ratio"]
+    if r.get("unit") == "ratio" and isinstance(r.get("value"), (int, float)):
+        return r["value"]
+    return None
+
+
+def write_chart(records, path):
+    """A PNG bar chart of every ratio (against a same-run floor, or patched/unpatched); False without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = [r for r in records if _chart_value(r) is not None]
+    if not rows:
+        return False
+    labels = [f"{r['case']}: {r['metric']}" + (f" ({r['path']})" if "path" in r else "")
+              + (f" [{r['config']}]" if "config" in r else "") for r in rows]
+    figure, axes = plt.subplots(figsize=(10, 0.35 * len(rows) + 1.2))
+    axes.barh(range(len(rows)), [_chart_value(r) for r in rows], color="tab:blue")
+    for index, r in enumerate(rows):
+        if "min" in r and r.get("unit") == "ratio":
+            axes.plot([r["min"], r["max"]], [index, index], color="black", linewidth=1)
+    axes.axvline(1.0, color="grey", linewidth=0.8)
+    axes.set_yticks(range(len(rows)))
+    axes.set_yticklabels(labels, fontsize=7)
+    axes.invert_yaxis()
+    axes.set_xlabel("ratio (against the same-run floor, or patched/unpatched)")
+    figure.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return True

@@ -1,0 +1,105 @@
+"""Part of case ``overhead``: what the instrumented loader (``patches/loader.py``) costs per checkpoint load.
+
+On the ComfyUI 0.27.0 stand-in's ``comfy.utils.load_torch_file``, with comfy_memx writing its events to a file (the
+expensive configuration: every load builds, serializes and flushes a ``file_load`` line), patched and unpatched
+loads alternate (A B, B A, ...) and each figure is the median of the per-pair ratios, with min and max:
+
+* ``big``: the load case's checkpoint (2 GiB, 256 MiB with ``--quick``), loaded and copied into resident tensors
+  (what ``load_state_dict`` does after the memory-mapped load).  Target: <= 1.02.
+* ``small``: 1250 small tensors (2 MiB), same steps; per-tensor work of safetensors dominates.  Target: <= 1.03.
+* ``loader_added_us_per_load``: the wrapper alone around a stub loader that returns the small state dict at once
+  (``os.stat``, owner lookup, one event line written and flushed).  Each ratio record also carries ``from_stub``,
+  1 + that cost / the unpatched load time: the same ratio without the run-to-run noise of whole loads (a shared
+  2-core machine moves a 50 ms load by +-10 %, far more than the wrapper costs).
+"""
+
+import os
+import sys
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import common  # noqa: E402
+
+CASE = "overhead"
+BIG_TARGET = 1.02
+SMALL_TARGET = 1.03
+
+
+def _pairs(patches, utils, call, pairs):
+    """Per-pair seconds (patched, unpatched), the order alternating pair by pair."""
+    patched, unpatched = [], []
+    with common.gc_paused():
+        for index in range(pairs + 1):
+            for on in ((False, True) if index % 2 == 0 else (True, False)):
+                (patches.patch if on else patches.unpatch)(utils)
+                seconds = common.timed(call)
+                if index > 0:
+                    (patched if on else unpatched).append(seconds)
+    return patched, unpatched
+
+
+def run(quick=False, tiny=False, workspace=None):
+    """Measure patched/unpatched checkpoint loads; returns records of case ``overhead``."""
+    import torch
+    from comfy_memx import registry, runtime, wrapping
+    from comfy_memx._bootstrap import bootstrap
+    from comfy_memx.demo import shapes_dir
+    with common.workspace_for(workspace) as ws:
+        big_path, _ = ws.checkpoint(common.checkpoint_bytes(quick, tiny))
+        small_path, _ = ws.checkpoint(common.TINY_BYTES)
+        events_path = ws.file("loader_overhead_events.jsonl")
+        runtime.reset()
+        bootstrap("bench", {"COMFY_MEMX_LEAK_MODE": "off", "COMFY_MEMX_EVENTS": events_path})
+        root = os.path.join(shapes_dir(), "v0_27_0")
+        if root not in sys.path:
+            sys.path.insert(0, root)
+        import comfy.utils as utils
+        patches = registry.patch_module("loader")
+        real = wrapping.original_of(utils, "load_torch_file")
+        records = []
+        try:
+            state = real(small_path)
+            patches.unpatch(utils)
+            utils.load_torch_file = lambda ckpt, *args, **kwargs: state
+            patches.patch(utils)
+            calls = common.rounds_for(quick, tiny, 2000, 1000, 50)
+            patched, unpatched = _pairs(patches, utils, lambda: [utils.load_torch_file(small_path)
+                                                                 for _ in range(calls)], 2 if tiny else 7)
+            added = common.spread([(p - u) / calls for p, u in zip(patched, unpatched)])
+            records.append(common.record(CASE, "loader_added_us_per_load", added[0] * 1e6, "us", min=added[1] * 1e6,
+                                         max=added[2] * 1e6, calls=calls,
+                                         config="stub loader returning 1250 tensors; event written to a file"))
+            patches.unpatch(utils)
+            utils.load_torch_file = real
+            patches.patch(utils)
+            del state
+            for config, path, pairs, target in (
+                    ("big", big_path, common.rounds_for(quick, tiny, 15, 15, 3), BIG_TARGET),
+                    ("small", small_path, common.rounds_for(quick, tiny, 41, 21, 3), SMALL_TARGET)):
+                dest = {name: torch.zeros_like(t) for name, t in real(path).items()}
+
+                def load():
+                    for name, tensor in utils.load_torch_file(path).items():
+                        dest[name].copy_(tensor)
+                patched, unpatched = _pairs(patches, utils, load, pairs)
+                unpatched_s = common.spread(unpatched)[0]
+                label = f"{config}: {len(dest)} tensors, {os.path.getsize(path) / 1e6:.4g} MB, load_torch_file + copy_"
+                records.append(common.ratio_record(
+                    CASE, "loader_patched_over_unpatched", patched, unpatched, target=target, config=label,
+                    unpatched_ms=1000 * unpatched_s, events="file",
+                    from_stub=1 + added[0] / unpatched_s))
+                del dest
+        finally:
+            patches.unpatch(utils)
+            utils.load_torch_file = real
+            registry.remove_all()
+            runtime.reset()
+    return records
+
+
+if __name__ == "__main__":
+    import json
+    for line in run(quick="--quick" in sys.argv[1:], tiny="--tiny" in sys.argv[1:]):
+        print(json.dumps(line))
