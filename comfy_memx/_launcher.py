@@ -13,6 +13,8 @@ import sys
 COMMANDS = {
     "demo": "comfy_memx.demo",
     "doctor": "comfy_memx.doctor",
+    "free": "comfy_memx.free_cmd",
+    "report": "comfy_memx.report",
 }
 LEAK_FAIL_STATUS = 3
 USAGE = """usage: python -m comfy_memx [options] [--] path/to/ComfyUI/main.py [ComfyUI args...]

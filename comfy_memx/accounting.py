@@ -5,6 +5,7 @@ Unload reasons travel down the call chain in a per-thread stack: ``unload_all_mo
 exception is being handled); ``free_memory`` pushes ``memory_pressure`` unless a caller already chose a reason;
 ``LoadedModel.model_unload`` reads the top (``other`` when called directly, e.g. by a custom node).
 Nothing here walks the heap or a state dict: every figure is an attribute read that ComfyUI itself keeps.
+The outermost ``free_request`` scope is announced to :data:`free_request_hooks` (``POST /memx/free`` waits for it).
 """
 
 import sys
@@ -18,6 +19,8 @@ REASONS = ("memory_pressure", "unload_all", "free_request", "clone_replaced", "o
 _OWN_REFS = 2  # the caller's local variable and getrefcount's own argument
 
 _reasons = threading.local()
+# callables(phase) run on the prompt worker's thread: "start" and "end" of its unload_all_models for POST /free
+free_request_hooks = []
 
 
 def push_reason(reason, keep_outer=False):
@@ -25,12 +28,25 @@ def push_reason(reason, keep_outer=False):
     stack = getattr(_reasons, "stack", None)
     if stack is None:
         stack = _reasons.stack = []
+    if reason == "free_request" and not stack and free_request_hooks:
+        _announce_free_request("start")
     stack.append(stack[-1] if keep_outer and stack else reason)
 
 
 def pop_reason():
     """Leave the scope entered by the matching :func:`push_reason`."""
-    _reasons.stack.pop()
+    stack = _reasons.stack
+    if stack.pop() == "free_request" and not stack and free_request_hooks:
+        _announce_free_request("end")
+
+
+def _announce_free_request(phase):
+    for hook in list(free_request_hooks):
+        try:
+            hook(phase)
+        except Exception as exc:
+            from comfy_memx.errors import internal_error
+            internal_error("free-request hook", exc)
 
 
 def current_reason():

@@ -11,7 +11,8 @@ What one run does:
    ``plain`` (``python main.py``), ``module`` (``python -m comfy_memx main.py``) or
    ``env`` (``python main.py`` with ``COMFY_MEMX=1``);
 3. waits for ``GET /system_stats``, submits the scenario's prompts with ``POST /prompt`` one after the
-   other (each awaited through ``GET /history/<id>``), sends ``POST /free``, then GETs any ``--get`` URLs;
+   other (each awaited through ``GET /history/<id>``), sends ``POST /free``, then, with ``--post-memx-free``,
+   ``POST /memx/free`` (its receipt goes to ``memx_free`` in the summary), then GETs any ``--get`` URLs;
 4. stops the server (SIGINT, then SIGTERM, then SIGKILL; always, whatever failed) and writes
    ``server.log`` (the full server output) and ``summary.json`` into ``--out``.
 
@@ -374,6 +375,11 @@ def run(options):
                 summary["error"] = f"server exited during step {step['name']!r}"
                 all_ok = False
                 break
+        if options.post_memx_free is not None:
+            url = f"{server.base_url}/memx/free?timeout={options.post_memx_free:g}"
+            status, body = http_call("POST", url, dict(FREE_ALL), timeout=options.post_memx_free + 60.0)
+            summary["memx_free"] = {"url": url, "http_status": status, "body": body}
+            all_ok = all_ok and status in (200, 202)
         for path in options.get:
             url = path if path.startswith("http://") else server.base_url + "/" + path.lstrip("/")
             status, body = http_call("GET", url)
@@ -415,6 +421,8 @@ def build_parser():
     parser.add_argument("--out", required=True, help="folder for server.log, summary.json and per-run ComfyUI dirs")
     parser.add_argument("--get", action="append", default=[], metavar="PATH",
                         help="URL path to GET after the scenario, e.g. /memx/models (repeatable)")
+    parser.add_argument("--post-memx-free", type=float, default=None, metavar="TIMEOUT",
+                        help="after the scenario, POST /memx/free?timeout=TIMEOUT and record the receipt (comfy_memx)")
     parser.add_argument("--comfy-arg", action="append", default=[], metavar="ARG",
                         help="extra ComfyUI argument, e.g. --comfy-arg=--cache-classic (repeatable)")
     parser.add_argument("--port", type=int, default=0, help="port (default: a free one)")

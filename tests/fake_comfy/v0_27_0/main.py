@@ -1,9 +1,10 @@
-"""Runnable stand-in for ComfyUI 0.27.0 ``main.py`` (same start-up order; no HTTP server yet).
+"""Runnable stand-in for ComfyUI 0.27.0 ``main.py`` (same start-up order, serving ``server.PromptServer``).
 
 Order as in the real file: enable argv parsing, parse args, set up logging, run custom-node prestartup
 scripts (before torch), warn if torch is already imported, import comfy.utils (torch), execution
-(→ comfy.model_management), nodes; under ``__main__`` log the versions, load custom nodes between
-hook_breaker save/restore, start ``prompt_worker`` and exit 0 with ``--quick-test-for-ci``.
+(→ comfy.model_management), server, nodes; under ``__main__`` log the versions, load custom nodes between
+hook_breaker save/restore, ``add_routes()``, start ``prompt_worker``, exit 0 with ``--quick-test-for-ci``, else
+serve on ``--listen``/``--port`` until interrupted.
 Run: ``python tests/fake_comfy/v0_27_0/main.py --cpu --quick-test-for-ci``.
 """
 import comfy.options
@@ -84,6 +85,7 @@ if "torch" in sys.modules:
 import comfy.utils  # noqa: E402,F401
 
 import execution  # noqa: E402
+import server  # noqa: E402
 import nodes  # noqa: E402
 import comfy.model_management  # noqa: E402
 import comfyui_version  # noqa: E402
@@ -93,7 +95,7 @@ import comfy.model_patcher  # noqa: E402,F401
 
 
 class HeadlessServer:
-    """What prompt_worker needs of ``server.PromptServer`` (a later task adds the real HTTP stand-in)."""
+    """What prompt_worker needs of ``server.PromptServer``, without HTTP (for tests that drive the worker directly)."""
 
     def __init__(self, loop):
         self.loop = loop
@@ -163,12 +165,22 @@ def prompt_worker(q, server_instance):
             hook_breaker_ac10a0.restore_functions()
 
 
+async def run(server_instance, address="", port=8188, verbose=True, call_on_start=None):
+    """Serve on every comma-separated ``address`` and drain the server's messages."""
+    addresses = [(addr, port) for addr in address.split(",")]
+    await asyncio.gather(server_instance.start_multi_address(addresses, call_on_start, verbose),
+                         server_instance.publish_loop())
+
+
 def start_comfyui(asyncio_loop=None):
-    """Load custom nodes, start the prompt worker thread; exits 0 here with ``--quick-test-for-ci``."""
+    """Create the PromptServer, load custom nodes, add the routes, start the prompt worker thread.
+
+    Exits 0 here with ``--quick-test-for-ci``; otherwise returns ``(loop, server, start_all)``.
+    """
     if not asyncio_loop:
         asyncio_loop = asyncio.new_event_loop()
         asyncio.set_event_loop(asyncio_loop)
-    prompt_server = HeadlessServer(asyncio_loop)
+    prompt_server = server.PromptServer(asyncio_loop)
 
     hook_breaker_ac10a0.save_functions()
     asyncio_loop.run_until_complete(nodes.init_extra_nodes(
@@ -176,13 +188,15 @@ def start_comfyui(asyncio_loop=None):
         init_api_nodes=not args.disable_api_nodes))
     hook_breaker_ac10a0.restore_functions()
 
+    prompt_server.add_routes()
     threading.Thread(target=prompt_worker, daemon=True, args=(prompt_server.prompt_queue, prompt_server)).start()
 
     if args.quick_test_for_ci:
         exit(0)
 
     async def start_all():
-        await asyncio.Event().wait()
+        await prompt_server.setup()
+        await run(prompt_server, address=args.listen, port=args.port)
 
     return asyncio_loop, prompt_server, start_all
 

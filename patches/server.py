@@ -1,0 +1,52 @@
+"""Registers comfy_memx's routes (``/memx/models``, ``/memx/free``, ``/metrics``) on ComfyUI's own PromptServer.
+
+Site: ``PromptServer.add_routes``.  ComfyUI's main.py creates ``PromptServer(loop)`` right after importing
+``server``, then loads the custom nodes (which add their routes to ``PromptServer.instance.routes``), then calls
+``add_routes()``, which hands ``self.routes`` to the aiohttp app (and copies each route under ``/api``).  Adding
+ours at the start of ``add_routes`` puts them on the same port, after every custom node's, so a ``/metrics`` that
+another pack serves is seen and left alone (comfy_memx's then lives at ``/memx/metrics`` only).  Checked against
+ComfyUI 0.3.64 (server.py :796) and 0.27.0 (:1202).  Patching also subscribes the Prometheus metrics to the event
+stream, so they count from the first load (``comfy_memx.metrics``; off without prometheus_client).
+Handlers live in ``comfy_memx.routes``, the /memx/free logic in ``comfy_memx.freeing``.
+Settings: ``COMFY_MEMX_DISABLE=server`` (no routes, no metrics), ``COMFY_MEMX_LEAK_BUDGET`` (the holder search of
+each survivor in a /memx/free receipt).
+"""
+
+from comfy_memx.errors import internal_error
+from comfy_memx.registry import patch_sites, unpatch_sites
+
+NAME = "server"
+TARGET = "server"
+
+
+def _memx_add_routes(module, original, switch):
+    def add_routes(self, *args, **kwargs):
+        if switch.on:
+            try:
+                from comfy_memx import routes
+                routes.register(self)
+            except Exception as exc:
+                internal_error("registering comfy_memx routes", exc)
+        return original(self, *args, **kwargs)
+    return add_routes
+
+
+SITES = {"PromptServer.add_routes": _memx_add_routes}
+
+
+def patch(module):
+    """Wrap ``PromptServer.add_routes`` and start the metrics; returns {site: "patched" | PatchSkipped}."""
+    results = patch_sites(module, SITES)
+    try:
+        from comfy_memx import metrics
+        metrics.install()
+    except Exception as exc:
+        internal_error("starting comfy_memx metrics", exc)
+    return results
+
+
+def unpatch(module):
+    """Restore ``PromptServer.add_routes`` and stop the metrics (routes already served stay until restart)."""
+    from comfy_memx import metrics
+    metrics.uninstall()
+    return unpatch_sites(module, SITES)
