@@ -65,7 +65,7 @@ setup(
         "metrics": ["prometheus_client>=0.17"],
         "plot": ["matplotlib>=3.5"],
         "bench": ["objgraph>=3.5", "matplotlib>=3.5"],
-        "test": ["pytest>=7", "aiohttp>=3.8"],
+        "test": ["pytest>=7", "aiohttp>=3.8", "prometheus_client>=0.17"],
     },
     cmdclass={"build_py": BuildPyWithPth, "editable_wheel": EditableWheelWithPth},
 )

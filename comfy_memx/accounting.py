@@ -18,19 +18,25 @@ from comfy_memx.attribution import current_owner
 REASONS = ("memory_pressure", "unload_all", "free_request", "clone_replaced", "oom", "other")
 _OWN_REFS = 2  # the caller's local variable and getrefcount's own argument
 
-_reasons = threading.local()
+class _ReasonStack(threading.local):
+    def __init__(self):
+        self.stack = []
+
+
+_reasons = _ReasonStack()
 # callables(phase) run on the prompt worker's thread: "start" and "end" of its unload_all_models for POST /free
 free_request_hooks = []
 
 
 def push_reason(reason, keep_outer=False):
     """Enter a scope whose unloads have ``reason`` (or the enclosing scope's reason when ``keep_outer``)."""
-    stack = getattr(_reasons, "stack", None)
-    if stack is None:
-        stack = _reasons.stack = []
-    if reason == "free_request" and not stack and free_request_hooks:
+    stack = _reasons.stack
+    if stack:
+        stack.append(stack[-1] if keep_outer else reason)
+        return
+    if reason == "free_request" and free_request_hooks:
         _announce_free_request("start")
-    stack.append(stack[-1] if keep_outer and stack else reason)
+    stack.append(reason)
 
 
 def pop_reason():
@@ -49,9 +55,14 @@ def _announce_free_request(phase):
             internal_error("free-request hook", exc)
 
 
+def reason_stack():
+    """This thread's stack of unload reasons (wrappers on hot paths push and pop it directly)."""
+    return _reasons.stack
+
+
 def current_reason():
     """The reason of the innermost unload scope of this thread, ``other`` outside any."""
-    stack = getattr(_reasons, "stack", None)
+    stack = _reasons.stack
     return stack[-1] if stack else "other"
 
 

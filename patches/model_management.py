@@ -107,16 +107,24 @@ def _memx_model_unload(mm, original, switch):
     return model_unload
 
 
-def _memx_free_memory(mm, original, switch):
-    def free_memory(*args, **kwargs):
+def _scoped_reason(reason, original, switch):
+    """A wrapper whose unloads have ``reason`` unless an enclosing scope already chose one (hot path: inlined)."""
+    reason_stack = accounting.reason_stack
+
+    def wrapper(*args, **kwargs):
         if not switch.on:
             return original(*args, **kwargs)
-        accounting.push_reason("memory_pressure", keep_outer=True)
+        stack = reason_stack()
+        stack.append(stack[-1] if stack else reason)
         try:
             return original(*args, **kwargs)
         finally:
-            accounting.pop_reason()
-    return free_memory
+            stack.pop()
+    return wrapper
+
+
+def _memx_free_memory(mm, original, switch):
+    return _scoped_reason("memory_pressure", original, switch)
 
 
 def _oom_test(mm):
@@ -146,20 +154,12 @@ def _memx_unload_all_models(mm, original, switch):
 
 
 def _memx_unload_model_and_clones(mm, original, switch):
-    def unload_model_and_clones(*args, **kwargs):
-        if not switch.on:
-            return original(*args, **kwargs)
-        accounting.push_reason("other", keep_outer=True)
-        try:
-            return original(*args, **kwargs)
-        finally:
-            accounting.pop_reason()
-    return unload_model_and_clones
+    return _scoped_reason("other", original, switch)
 
 
 def _memx_cleanup_models_gc(mm, original, switch):
     def cleanup_models_gc(*args, **kwargs):
-        if not switch.on or runtime.config.leak_mode == "off":
+        if not switch.on or not mm.current_loaded_models or runtime.config.leak_mode == "off":
             return original(*args, **kwargs)
         try:
             found = leakwatch.suspects(mm)
