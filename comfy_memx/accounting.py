@@ -55,6 +55,33 @@ def _announce_free_request(phase):
             internal_error("free-request hook", exc)
 
 
+class LoadCall:
+    """One ``load_models_gpu`` call in progress on this thread; it dies when the call returns (pinning watches)."""
+    __slots__ = ("models", "__weakref__")
+
+    def __init__(self, models):
+        self.models = models
+
+
+class _LoadStack(threading.local):
+    def __init__(self):
+        self.stack = []
+
+
+_loads = _LoadStack()
+
+
+def load_stack():
+    """This thread's stack of :class:`LoadCall` (the load_models_gpu wrapper pushes and pops it)."""
+    return _loads.stack
+
+
+def current_load():
+    """The innermost ``load_models_gpu`` call in progress on this thread, or None."""
+    stack = _loads.stack
+    return stack[-1] if stack else None
+
+
 def reason_stack():
     """This thread's stack of unload reasons (wrappers on hot paths push and pop it directly)."""
     return _reasons.stack

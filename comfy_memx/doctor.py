@@ -89,7 +89,16 @@ def collect(comfyui=None, environ=None):
         tree = os.path.abspath(comfyui)
         report["comfyui"] = {"path": tree, "version": comfyui_version(tree),
                              "sites": static_site_status(tree, cfg.disable)}
+    report.update(_pin_facts(cfg, report.get("comfyui", {}).get("version")))
     return report
+
+
+def _pin_facts(cfg, comfyui_version_text):
+    """RAM, disk swap versus zram, the cgroup limit and the pin caps (comfy_memx's and, for a tree, ComfyUI's)."""
+    from comfy_memx import hostmem, pincap
+    fields = pincap.doctor_fields(hostmem.probe_host(), cfg.pin_limit, comfyui_version_text)
+    fields["host_warnings"] = fields.pop("warnings")
+    return fields
 
 
 def _torch_facts():
@@ -116,7 +125,11 @@ def format_text(report):
              f"torch {report.get('torch')}  CUDA available: {report.get('cuda_available')}"]
     if "ram_bytes" in report:
         lines.append(f"RAM {report['ram_bytes'] / 2**30:.1f} GiB (available {report['ram_available_bytes'] / 2**30:.1f}"
-                     f" GiB), swap {report['swap_bytes'] / 2**30:.1f} GiB")
+                     f" GiB), swap {report.get('swap_bytes', 0) / 2**30:.1f} GiB")
+    if "pin_cap_bytes" in report:
+        theirs = report["comfyui_pin_cap_bytes"]
+        lines.append(f"pinned-memory cap {report['pin_cap_bytes'] / 2**30:.1f} GiB ({report['pin_cap_source']})"
+                     + (f"; ComfyUI would use {theirs / 2**30:.1f} GiB" if theirs else ""))
     lines.append("config: " + ", ".join(f"{k}={v}" for k, v in report["config"].items()))
     lines += [f"warning: {w}" for w in report["config_warnings"]]
     comfy = report.get("comfyui")

@@ -22,15 +22,20 @@ TARGET = "comfy.model_management"
 
 
 def _memx_load_models_gpu(mm, original, switch):
+    load_stack, load_call = accounting.load_stack, accounting.LoadCall
+
     def load_models_gpu(*args, **kwargs):
         if not switch.on:
             return original(*args, **kwargs)
         if not registry.announced:
             registry.announce()
         before = list(mm.current_loaded_models)
+        loads = load_stack()
+        loads.append(load_call(args[0] if args else kwargs.get("models", ())))
         try:
             return original(*args, **kwargs)
         finally:
+            loads.pop()
             if before:
                 try:
                     _note_clone_replacements(mm, before)
