@@ -207,13 +207,13 @@ def real_run(tmp_path_factory):
     """Return ``run(tree, scenario, launcher="plain")`` -> drive.py summary; each combination runs once."""
     results = {}
 
-    def run(tree, scenario, launcher="plain"):
-        key = (tree, scenario, launcher)
+    def run(tree, scenario, launcher="plain", extra=()):
+        key = (tree, scenario, launcher, tuple(extra))
         if key not in results:
             out = tmp_path_factory.mktemp(f"{Path(tree).name}-{scenario}-{launcher}")
             options = drive.build_parser().parse_args([
                 "--tree", tree, "--python", configured_python(), "--scenario", scenario,
-                "--launcher", launcher, "--out", str(out), "--quiet"])
+                "--launcher", launcher, "--out", str(out), "--quiet", *extra])
             results[key] = drive.run(options)
         return results[key]
 
@@ -279,3 +279,45 @@ def test_real_comfyui_under_comfy_memx_launchers_still_runs_prompts(tree, launch
     summary = real_run(tree, "leak", launcher)
     assert summary["ok"], describe(summary)
     assert summary["leak_warning_lines"], describe(summary)
+
+
+def memx_log_lines(summary):
+    """comfy_memx's own lines of a run's server log, ANSI colours removed."""
+    text = Path(summary["server_log"]).read_text(encoding="utf-8", errors="replace")
+    return drive.lines_containing(text, "comfy_memx")
+
+
+@needs_real_comfyui
+@pytest.mark.parametrize("launcher", ["module", "env"])
+@pytest.mark.parametrize("tree", real_trees)
+def test_real_comfyui_logs_the_startup_line_and_names_the_leaking_package(tree, launcher, real_run,
+                                                                         memx_importable_by_real_python):
+    if not memx_importable_by_real_python:
+        pytest.skip(f"comfy_memx is not installed for {configured_python()} (pip install --no-deps -e .)")
+    summary = real_run(tree, "leak", launcher)
+    lines = memx_log_lines(summary)
+    source = "launcher" if launcher == "module" else "env"
+    startup = [line for line in lines if f"active ({source}, leak mode report): patched" in line]
+    assert len(startup) == 1 and "load_models_gpu" in startup[0], describe(summary)
+    assert "Torch already imported" not in Path(summary["server_log"]).read_text(errors="replace")
+    owner = [line for line in lines if "comfy_memx: leaked model MemxTinyNet (MemxTinyNet#1), loaded by" in line]
+    assert owner and "package memx_test_nodes" in owner[0], describe(summary)
+
+
+@needs_real_comfyui
+@pytest.mark.parametrize("tree", real_trees)
+def test_real_comfyui_strict_mode_names_the_holder_and_routes_answer(tree, real_run,
+                                                                    memx_importable_by_real_python):
+    if not memx_importable_by_real_python:
+        pytest.skip(f"comfy_memx is not installed for {configured_python()} (pip install --no-deps -e .)")
+    summary = real_run(tree, "leak", "module", ["--env", "COMFY_MEMX_LEAK_MODE=strict", "--get", "/memx/models",
+                                                "--post-memx-free", "60"])
+    lines = memx_log_lines(summary)
+    assert any("memx_test_nodes.MemxLeakyCache._cache['a']  [package memx_test_nodes, class_attribute]" in line
+               for line in lines), describe(summary)
+    models = summary["gets"][0]
+    assert models["http_status"] == 200 and any(row["model_id"] == "MemxTinyNet#1" for row in models["body"])
+    receipt = summary["memx_free"]
+    assert receipt["http_status"] == 200, receipt
+    survivors = {s["model_id"]: s for s in receipt["body"]["survivors"]}
+    assert survivors["MemxTinyNet#1"]["holders"][0]["path"] == "memx_test_nodes.MemxLeakyCache._cache['a']"
