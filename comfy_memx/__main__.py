@@ -1,3 +1,3 @@
-from comfy_memx._launcher import main
+from ._launcher import main
 
 main()

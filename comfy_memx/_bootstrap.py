@@ -19,7 +19,7 @@ def bootstrap(source, environ=None):
     ``source`` says how it was activated (``launcher``, ``env``, ``auto``, ``api``) and shows in the startup line.
     Raises :class:`~comfy_memx.errors.ConfigError` on a bad setting, before anything is patched.
     """
-    from comfy_memx import config, errors, registry, runtime
+    from . import config, errors, registry, runtime
     if runtime.source is not None:
         return runtime.config
     cfg = config.parse(environ)
@@ -35,7 +35,7 @@ def bootstrap_quietly(source):
     A bad setting is logged as an error and comfy_memx stays inactive, so ComfyUI runs unpatched rather than
     half-patched.
     """
-    from comfy_memx.errors import ConfigError
+    from .errors import ConfigError
     try:
         return bootstrap(source)
     except ConfigError as exc:

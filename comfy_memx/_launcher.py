@@ -34,7 +34,7 @@ class UsageError(Exception):
 
 
 def _options():
-    from comfy_memx.config import SETTINGS
+    from .config import SETTINGS
     return {s.flag: s for s in SETTINGS if s.option}
 
 
@@ -76,7 +76,7 @@ def split_argv(argv):
 
 def _print_and_status(name):
     if name == "--version":
-        from comfy_memx import __version__
+        from . import __version__
         print(f"comfy_memx {__version__}")
     else:
         print(usage())
@@ -121,8 +121,8 @@ def main(argv=None):
         print(f"comfy_memx: {exc}\n(see python -m comfy_memx --help)", file=sys.stderr)
         sys.exit(2)
     os.environ.update(settings)
-    from comfy_memx._bootstrap import bootstrap
-    from comfy_memx.errors import ConfigError
+    from ._bootstrap import bootstrap
+    from .errors import ConfigError
     try:
         cfg = bootstrap("launcher")
     except ConfigError as exc:
@@ -137,7 +137,7 @@ def main(argv=None):
 def _leak_fail_exit(cfg):
     if not getattr(cfg, "leak_fail", False):
         return
-    from comfy_memx import leakwatch
+    from . import leakwatch
     leaked = sorted(set(leakwatch.rooted_leaks))
     if leaked:
         print(f"comfy_memx: {len(leaked)} model(s) leaked with a rooted holder ({', '.join(leaked)}); "
