@@ -4,7 +4,8 @@ A model of 1250 tensors (about 34 MB, float32) is loaded with ``load_models_gpu`
 ``free_memory`` on the ComfyUI 0.27.0-shaped stand-in (its simulated GPU copies every tensor, so a cycle is real
 per-tensor work).  Patched and unpatched runs alternate inside one process (A B A B ...); each figure is the median
 of the per-pair ratios, with min and max.  ``added_us_per_wrapped_call`` divides the median extra time of a cycle by
-the number of wrapper calls in it.  The instrumented loader's ratios come from ``bench/loader_overhead.py``.
+the number of wrapper calls in it.  The instrumented loader's ratios come from ``bench/loader_overhead.py`` and each
+wrapper's pass-through cost per call from ``bench/wrappers.py``.
 """
 
 import gc
@@ -118,16 +119,17 @@ def run(quick=False, tiny=False, workspace=None):
     finally:
         patches.unpatch(mm)
         runtime.reset()
-    return records + _loader_overhead().run(quick=quick, tiny=tiny, workspace=workspace)
+    return (records + _sibling("loader_overhead").run(quick=quick, tiny=tiny, workspace=workspace)
+            + _sibling("wrappers").run(quick=quick or tiny))
 
 
-def _loader_overhead():
+def _sibling(name):
     import importlib
     import os
     here = os.path.dirname(os.path.abspath(__file__))
     if here not in sys.path:
         sys.path.insert(0, here)
-    return importlib.import_module("loader_overhead")
+    return importlib.import_module(name)
 
 
 if __name__ == "__main__":

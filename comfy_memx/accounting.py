@@ -69,6 +69,13 @@ class _LoadStack(threading.local):
 
 
 _loads = _LoadStack()
+loads_published = False  # only the pin budget needs LoadCalls; without it load_models_gpu pays nothing for them
+
+
+def publish_loads(on):
+    """Make the load_models_gpu wrapper publish :class:`LoadCall` objects (the pin budget turns this on)."""
+    global loads_published
+    loads_published = bool(on)
 
 
 def load_stack():

@@ -155,6 +155,7 @@ def start(mm, host=None, available_ram=None, headroom_bytes=HEADROOM_BYTES, env_
                            scope=runtime.config.pin_scope, on_event=_emit, describe=_describe)
     _state = _State(mm, budget, cap, limit, host, getattr(mm, "MAX_PINNED_MEMORY", None), gauge)
     if budget is not None:
+        accounting.publish_loads(True)
         _seed_preexisting(mm)
     return cap
 
@@ -163,6 +164,7 @@ def stop():
     """Drop the budget (giving a host-scope share back) and every record of pins; ComfyUI is not touched."""
     global _state
     state, _state = _state, None
+    accounting.publish_loads(False)
     _local.__dict__.clear()
     _deferred.clear()
     if state is not None and state.budget is not None:

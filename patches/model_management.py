@@ -30,12 +30,14 @@ def _memx_load_models_gpu(mm, original, switch):
         if not registry.announced:
             registry.announce()
         before = list(mm.current_loaded_models)
-        loads = load_stack()
-        loads.append(load_call(args[0] if args else kwargs.get("models", ())))
+        loads = load_stack() if accounting.loads_published else None
+        if loads is not None:
+            loads.append(load_call(args[0] if args else kwargs.get("models", ())))
         try:
             return original(*args, **kwargs)
         finally:
-            loads.pop()
+            if loads is not None:
+                loads.pop()
             if before:
                 try:
                     _note_clone_replacements(mm, before)
