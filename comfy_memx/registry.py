@@ -98,14 +98,24 @@ def site_status():
             for (name, site), (state, reason) in _ordered_status()]
 
 
+def _label(name, site):
+    """A site as shown to users: model_management's sites bare, the others prefixed with their module."""
+    target = patch_module(name).TARGET
+    return site if target == "comfy.model_management" else f"{target}.{site}"
+
+
 def startup_line(version, source, leak_mode):
-    """The one INFO line logged when comfy_memx is active."""
-    patched = [site for (_, site), (state, _) in _ordered_status() if state == "patched"]
-    skipped = [f"{site} ({reason})" for (_, site), (state, reason) in _ordered_status() if state == "skipped"]
-    skipped += [f"{', '.join(patch_module(name).SITES)} ({target} not imported)" for name, target in _armed.items()]
+    """The one INFO line logged when comfy_memx is active; skipped sites are grouped by reason."""
+    patched = [_label(name, site) for (name, site), (state, _) in _ordered_status() if state == "patched"]
+    skipped = {}
+    for (name, site), (state, reason) in _ordered_status():
+        if state == "skipped":
+            skipped.setdefault(reason, []).append(_label(name, site))
+    for name, target in _armed.items():
+        skipped.setdefault(f"{target} not imported", []).extend(_label(name, site) for site in patch_module(name).SITES)
     line = f"comfy_memx {version} active ({source}, leak mode {leak_mode}): patched {', '.join(patched) or 'nothing'}"
     if skipped:
-        line += "; skipped " + ", ".join(skipped)
+        line += "; skipped " + "; ".join(f"{', '.join(sites)} ({reason})" for reason, sites in skipped.items())
     return line
 
 
