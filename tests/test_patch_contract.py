@@ -150,4 +150,5 @@ def test_startup_line_lists_patched_and_skipped_sites(version, caplog):
     assert len(lines) == 1
     assert "patched load_models_gpu" in lines[0] and "PromptExecutor.execute_async" in lines[0]
     if version == "0.3.64":
-        assert "skipped unload_model_and_clones (absent in this ComfyUI)" in lines[0]
+        assert "skipped unload_model_and_clones, pin_memory" in lines[0]
+        assert "free_registrations (absent in this ComfyUI)" in lines[0]
