@@ -138,7 +138,7 @@ def _leak_fail_exit(cfg):
     if not getattr(cfg, "leak_fail", False):
         return
     from . import leakwatch
-    leaked = sorted(set(leakwatch.rooted_leaks))
+    leaked = sorted(leakwatch.rooted_leaks)
     if leaked:
         print(f"comfy_memx: {len(leaked)} model(s) leaked with a rooted holder ({', '.join(leaked)}); "
               f"exiting with status {LEAK_FAIL_STATUS}", file=sys.stderr)

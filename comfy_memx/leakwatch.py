@@ -19,7 +19,7 @@ from comfy_memx.errors import internal_error
 log = logging.getLogger("comfy_memx")
 
 _reported = set()   # (model_id, prompt_id) already reported
-rooted_leaks = []   # model_ids of rooted leaks found in this process (for COMFY_MEMX_LEAK_FAIL)
+rooted_leaks = set()  # model_ids of rooted leaks found in this process (for COMFY_MEMX_LEAK_FAIL)
 
 
 class Suspect:
@@ -74,7 +74,7 @@ def after_collect(found):
         stage = "cycle" if module is None else "rooted"
         referrers, search, report = [], None, None
         if stage == "rooted":
-            rooted_leaks.append(record.model_id)
+            rooted_leaks.add(record.model_id)
             if runtime.config.leak_mode == "strict":
                 report = _search_holders(module, found, sys._getframe())
                 referrers, search = _rooted_referrers(report)
