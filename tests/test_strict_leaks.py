@@ -119,7 +119,9 @@ def import_pack(folder):
 def strict(request, tmp_path, caplog):
     caplog.set_level(logging.INFO)
     events = tmp_path / "events.jsonl"
-    with memx_on(request.param, leak_mode="strict", events=events, leak_graph=tmp_path / "graphs") as mm:
+    # a generous budget: these tests check what is found, not how fast (bench/leak.py measures speed)
+    with memx_on(request.param, leak_mode="strict", events=events, leak_graph=tmp_path / "graphs",
+                 leak_budget=20) as mm:
         pack = import_pack(write_pack(tmp_path))
         yield mm, pack, events, caplog
         sys.modules.pop("holder_pack", None)
@@ -184,7 +186,7 @@ def test_each_kind_of_holder_is_named_through_the_patch_path(strict, kind):
     leak = [e for e in read_events(events) if e["event"] == "leak"][0]
     paths = [r["path"] for r in leak["referrers"]]
     assert any(path.startswith(expected) for path in paths), paths
-    assert leak["search"]["complete"] is True and leak["search"]["seconds"] < 2
+    assert leak["search"]["complete"] is True
     pack.REGISTRY.clear()
     pack.KEEPERS.clear()
     pack.cached_lookup.cache_clear()
