@@ -8,6 +8,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import time
 import threading
 
 import pytest
@@ -233,6 +234,11 @@ def test_registry_file_is_private_and_drops_dead_processes(tmp_path):
     exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     zombie = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     zombie.send_signal(signal.SIGKILL)
+    for _ in range(400):   # the kill is asynchronous: wait (bounded) until the child is a zombie, not yet reaped
+        with open(f"/proc/{zombie.pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+        time.sleep(0.025)
     try:
         with open(path) as f:
             records = json.load(f)
