@@ -181,7 +181,7 @@ def install():
         except MetricsUnavailable as exc:
             if not _said_unavailable:
                 _said_unavailable = True
-                log.info("comfy_memx: metrics off (%s)", exc)
+                log.debug("comfy_memx: metrics off (%s)", exc)
             return None
     if _events is not runtime.events:
         _unsubscribe()

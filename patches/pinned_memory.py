@@ -159,8 +159,8 @@ def adopt(module):
     if comfyui_value is None or pinning.started_for(module):
         return
     if comfyui_value <= 0:
-        log.info("comfy_memx: pinned memory stays off (ComfyUI did not enable it: no NVIDIA/AMD GPU, or "
-                 "--disable-pinned-memory)")
+        log.debug("comfy_memx: pinned memory stays off (ComfyUI did not enable it: no NVIDIA/AMD GPU, or "
+                  "--disable-pinned-memory)")
         return
     cap = pinning.start(module)
     module.MAX_PINNED_MEMORY = cap.bytes

@@ -119,7 +119,7 @@ def test_limit_above_ram_is_clamped_with_a_warning(caplog):
 
 @pytest.mark.parametrize("argv", [["--cpu"], ["--disable-pinned-memory"]])
 def test_pinning_left_off_where_comfyui_does_not_pin(argv, caplog):
-    caplog.set_level(logging.INFO, logger="comfy_memx")
+    caplog.set_level(logging.DEBUG, logger="comfy_memx")
     with memx_with_argv("0.27.0", argv, pin_limit="12MiB") as mm:
         assert mm.MAX_PINNED_MEMORY == -1 and not pinning.managing()
         import torch
