@@ -29,24 +29,24 @@ def _import_shape():
 
 
 def _count_wrapped_calls(mm, cycle):
+    """How many calls of the wrapped sites one ``cycle()`` makes (counted by temporary counting shims)."""
     from comfy_memx import wrapping
     calls = []
-    names = ["load_models_gpu", "free_memory", "cleanup_models_gc", "unload_all_models",
-             "LoadedModel.model_load", "LoadedModel.model_unload"]
-    for name in names:
+    saved = []
+    for name in ("load_models_gpu", "free_memory", "cleanup_models_gc", "unload_all_models",
+                 "LoadedModel.model_load", "LoadedModel.model_unload"):
         owner, attr = wrapping.resolve(mm, name)
         current = getattr(owner, attr)
 
         def counter(*a, _f=current, _n=name, **k):
             calls.append(_n)
             return _f(*a, **k)
+        saved.append((owner, attr, current))
         setattr(owner, attr, counter)
-        calls_owner = (owner, attr, current)
-        names[names.index(name)] = calls_owner
     try:
         cycle()
     finally:
-        for owner, attr, current in names:
+        for owner, attr, current in saved:
             setattr(owner, attr, current)
     return len(calls)
 

@@ -1,16 +1,16 @@
 """Exceptions and the guard that keeps comfy_memx's own bugs away from ComfyUI.
 
 comfy_memx runs inside other people's production servers, so an error in our bookkeeping must never fail a
-prompt: :func:`internal_error` logs it once per kind and swallows it.  Tests set :data:`RAISE_INTERNAL` (or the
-environment variable ``COMFY_MEMX_RAISE_INTERNAL=1``) so the same errors fail loudly there.
+prompt: :func:`internal_error` logs it once per kind and swallows it.  Tests set :data:`RAISE_INTERNAL` so the
+same errors fail loudly there; the bootstrap sets it from ``COMFY_MEMX_RAISE_INTERNAL`` (``config`` is the only
+module that reads the environment).
 """
 
 import logging
-import os
 
 log = logging.getLogger("comfy_memx")
 
-RAISE_INTERNAL = os.environ.get("COMFY_MEMX_RAISE_INTERNAL", "") == "1"
+RAISE_INTERNAL = False
 _reported_kinds = set()
 
 
