@@ -1,13 +1,17 @@
 """Packaging for comfy_memx.
 
-``patches/`` is installed as ``comfy_memx.patches`` (never as a top-level ``patches`` package), and
+One layout for every install kind: the patch modules live in the top-level ``patches/`` folder and
+``comfy_memx/patches`` is a link to it, so a checkout, ``pip install .``, a built wheel and ``pip install -e .`` all
+import the same ``comfy_memx.patches`` (never a top-level ``patches`` package).  Packages are found, not listed, so
+no subpackage can be left out of a wheel (``tests/test_packaging.py`` compares the wheel with the source tree).
 ``comfy_memx.pth`` is placed at the root of site-packages so that ``COMFY_MEMX=1`` activates comfy_memx in any
-ComfyUI start command.  The .pth line only reads ``os.environ`` unless the flag is set.
+ComfyUI start command; the .pth line only reads ``os.environ`` unless the flag is set.
 """
 
 import os
+import shutil
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 from setuptools.command.editable_wheel import editable_wheel
 
@@ -24,9 +28,14 @@ def _version():
 
 
 class BuildPyWithPth(build_py):
-    """Copies comfy_memx.pth next to the packages so the wheel (and an editable wheel) installs it."""
+    """Copies comfy_memx.pth next to the packages so the wheel (and an editable wheel) installs it.
+
+    Starts from an empty ``build/lib/comfy_memx``: setuptools reuses that folder between builds, so a module that
+    was moved or deleted in the source would otherwise still ship in the next wheel.
+    """
 
     def run(self):
+        shutil.rmtree(os.path.join(self.build_lib, "comfy_memx"), ignore_errors=True)
         super().run()
         self.copy_file(os.path.join(HERE, PTH), os.path.join(self.build_lib, PTH))
 
@@ -54,18 +63,15 @@ setup(
     if os.path.exists(os.path.join(HERE, "README.md")) else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=["comfy_memx", "comfy_memx.patches", "comfy_memx._shapes"],
-    # The ComfyUI-shaped stand-ins of the tests also drive `python -m comfy_memx demo`; they ship as data.
-    package_dir={"comfy_memx": "comfy_memx", "comfy_memx.patches": "patches", "comfy_memx._shapes": "tests/fake_comfy"},
-    package_data={"comfy_memx._shapes": ["README.md", "v0_27_0/*.py", "v0_27_0/*/*.py", "v0_27_0/custom_nodes/.keep",
-                                         "v0_3_64/*.py", "v0_3_64/*/*.py", "v0_3_64/custom_nodes/.keep",
-                                         "packs/*/*.py"]},
+    packages=find_packages(include=["comfy_memx", "comfy_memx.*"]),
     install_requires=["torch>=2.1", "safetensors>=0.4", "psutil>=5.9"],
     extras_require={
         "metrics": ["prometheus_client>=0.17"],
         "plot": ["matplotlib>=3.5"],
-        "bench": ["objgraph>=3.5", "matplotlib>=3.5"],
-        "test": ["pytest>=7", "aiohttp>=3.8", "prometheus_client>=0.17"],
+        # numpy: safetensors.torch.save_file (checkpoints generated at run time) needs it
+        "bench": ["objgraph>=3.5", "matplotlib>=3.5", "numpy>=1.23"],
+        "test": ["pytest>=7", "aiohttp>=3.8", "prometheus_client>=0.17", "numpy>=1.23", "objgraph>=3.5",
+                 "matplotlib>=3.5"],
     },
     cmdclass={"build_py": BuildPyWithPth, "editable_wheel": EditableWheelWithPth},
 )

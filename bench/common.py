@@ -27,6 +27,8 @@ QUICK_BYTES = 256 * MIB
 TINY_BYTES = 2 * MIB
 READ_CHUNK = 64 * MIB
 HERE = os.path.dirname(os.path.abspath(__file__))
+# The ComfyUI-shaped stand-ins of the tests (bench/ runs from a checkout, next to tests/).
+STAND_INS = os.path.join(os.path.dirname(HERE), "tests", "fake_comfy")
 RESULTS_DIR = os.path.join(HERE, "results")
 
 

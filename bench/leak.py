@@ -5,7 +5,7 @@ plus 500 small tensors on top of ``import torch``, >= 1e6 GC-tracked objects (``
 tensor is reachable only through ``module -> __dict__ -> _CACHE dict -> list -> Holder -> state dict ->
 tensor`` (depth 6).  Three timings are taken in the same process:
 
-* ``search_s``: :func:`comfy_memx.holders.find_holders` finding that chain (best of 3);
+* ``search_s``: :func:`comfy_memx.leaks.holders.find_holders` finding that chain (best of 3);
 * ``objgraph_s``: ``objgraph.find_backref_chain(target, objgraph.is_proper_module)`` (objgraph is the
   bench-only reference; it runs ``gc.collect()`` first, as its users get it; best of 2, 1 when quick);
 * ``scan_s``: one ``gc.get_referrers(target)`` pass over the same heap (best of 3).
@@ -93,7 +93,7 @@ def run(quick=False):
     """Build the heap, time the three searches, and return JSON records (``case: leak``)."""
     import objgraph
 
-    from comfy_memx.holders import find_holders
+    from comfy_memx.leaks.holders import find_holders
 
     keepalive, module, target = build_heap(100_000 if quick else 1_100_000)
     try:

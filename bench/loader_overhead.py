@@ -43,20 +43,22 @@ def _pairs(patches, utils, call, pairs):
 def run(quick=False, tiny=False, workspace=None):
     """Measure patched/unpatched checkpoint loads; returns records of case ``overhead``."""
     import torch
-    from comfy_memx import registry, runtime, wrapping
-    from comfy_memx._bootstrap import bootstrap
-    from comfy_memx.demo import shapes_dir
+    from comfy_memx.core import registry
+    from comfy_memx.core.state import STATE
+    from comfy_memx.core import wrapping
+    from comfy_memx.core.bootstrap import bootstrap
+    from common import STAND_INS
     with common.workspace_for(workspace) as ws:
         big_path, _ = ws.checkpoint(common.checkpoint_bytes(quick, tiny))
         small_path, _ = ws.checkpoint(common.TINY_BYTES)
         events_path = ws.file("loader_overhead_events.jsonl")
-        runtime.reset()
+        STATE.reset()
         bootstrap("bench", {"COMFY_MEMX_LEAK_MODE": "off", "COMFY_MEMX_EVENTS": events_path})
-        root = os.path.join(shapes_dir(), "v0_27_0")
+        root = os.path.join(STAND_INS, "v0_27_0")
         if root not in sys.path:
             sys.path.insert(0, root)
         import comfy.utils as utils
-        patches = registry.patch_module("loader")
+        patches = registry.patch_of("loader")
         real = wrapping.original_of(utils, "load_torch_file")
         records = []
         try:
@@ -95,7 +97,7 @@ def run(quick=False, tiny=False, workspace=None):
             patches.unpatch(utils)
             utils.load_torch_file = real
             registry.remove_all()
-            runtime.reset()
+            STATE.reset()
     return records
 
 

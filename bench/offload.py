@@ -87,19 +87,20 @@ def _cycles(rounds, load, unload, floor, sync=lambda: None):
 
 def stand_in(layout, rounds, labels):
     """``load_models_gpu`` / ``free_memory`` on the 0.27.0 stand-in with comfy_memx's events; see the docstring."""
-    from comfy_memx import registry, runtime
-    from comfy_memx._bootstrap import bootstrap
-    from comfy_memx.demo import shapes_dir
-    runtime.reset()
+    from comfy_memx.core import registry
+    from comfy_memx.core.state import STATE
+    from comfy_memx.core.bootstrap import bootstrap
+    from common import STAND_INS
+    STATE.reset()
     bootstrap("bench", {"COMFY_MEMX_LEAK_MODE": "off"})
-    root = os.path.join(shapes_dir(), "v0_27_0")
+    root = os.path.join(STAND_INS, "v0_27_0")
     if root not in sys.path:
         sys.path.insert(0, root)
     import torch
     import comfy.model_management as mm
     import comfy.model_patcher
     events = []
-    runtime.events.subscribe(events.append)
+    STATE.events.subscribe(events.append)
     try:
         module = torch.nn.Module()
         for index, tensor in enumerate(_model_tensors(layout).values()):
@@ -108,7 +109,7 @@ def stand_in(layout, rounds, labels):
                                    dict(labels, path="stand-in 0.27.0 (simulated GPU: RAM copies)"))
     finally:
         registry.remove_all()
-        runtime.reset()
+        STATE.reset()
     return records
 
 
@@ -121,9 +122,9 @@ def comfyui(comfy, layout, rounds, labels):
     if device.type == "cpu":
         return [common.skipped_record(CASE, "ComfyUI runs on the CPU (--cpu): load_models_gpu moves no bytes",
                                       path=path, **labels)]
-    from comfy_memx import runtime
+    from comfy_memx.core.state import STATE
     events = []
-    runtime.events.subscribe(events.append)
+    STATE.events.subscribe(events.append)
     module = torch.nn.ModuleList()
     for tensor in _model_tensors(layout).values():
         layer = torch.nn.Module()
@@ -135,7 +136,7 @@ def comfyui(comfy, layout, rounds, labels):
                                 dict(labels, path=path, device=str(device), pinned_memory=pinned),
                                 sync=torch.cuda.synchronize if device.type == "cuda" else lambda: None)
     finally:
-        runtime.events.unsubscribe(events.append)
+        STATE.events.unsubscribe(events.append)
 
 
 def _measure_patcher(mm, patcher_class, module, rounds, events, labels, sync=lambda: None):

@@ -19,9 +19,9 @@ CYCLES_PER_SAMPLE = 5
 
 
 def _import_shape():
-    from comfy_memx.demo import shapes_dir
+    from common import STAND_INS
     import os
-    sys.path.insert(0, os.path.join(shapes_dir(), "v0_27_0"))
+    sys.path.insert(0, os.path.join(STAND_INS, "v0_27_0"))
     import comfy.model_management as mm
     import comfy.model_patcher
     import comfy.model_base
@@ -30,7 +30,7 @@ def _import_shape():
 
 def _count_wrapped_calls(mm, cycle):
     """How many calls of the wrapped sites one ``cycle()`` makes (counted by temporary counting shims)."""
-    from comfy_memx import wrapping
+    from comfy_memx.core import wrapping
     calls = []
     saved = []
     for name in ("load_models_gpu", "free_memory", "cleanup_models_gc", "unload_all_models",
@@ -88,13 +88,14 @@ def run(quick=False, tiny=False, workspace=None):
     ``tiny`` shrinks everything for smoke tests; ``workspace`` (a ``bench/common.py`` Workspace) shares the
     generated checkpoints with the other cases.
     """
-    from comfy_memx import registry, runtime
-    from comfy_memx._bootstrap import bootstrap
-    runtime.reset()
+    from comfy_memx.core import registry
+    from comfy_memx.core.state import STATE
+    from comfy_memx.core.bootstrap import bootstrap
+    STATE.reset()
     bootstrap("bench", {"COMFY_MEMX_LEAK_MODE": "report"})
     mm, patcher_mod, model_base = _import_shape()
     import execution  # noqa: F401  (applies the execution patch too, as in ComfyUI)
-    patches = registry.patch_module("model_management")
+    patches = registry.patch_of("model_management")
     device = mm.get_torch_device()
     records = []
     try:
@@ -118,7 +119,7 @@ def run(quick=False, tiny=False, workspace=None):
             ]
     finally:
         patches.unpatch(mm)
-        runtime.reset()
+        STATE.reset()
     return (records + _sibling("loader_overhead").run(quick=quick, tiny=tiny, workspace=workspace)
             + _sibling("wrappers").run(quick=quick or tiny))
 

@@ -5,7 +5,7 @@ largest of them.  Each load needs all of its model's bytes pinned; bytes still p
 rest must be registered (``cudaHostRegister``, about 0.5-1 s/GB), evicting other models' pins when the cap is hit.
 Pins are requested one 64 MiB module at a time, as ComfyUI does, and may be evicted partially.  Policies:
 
-``mru``      :class:`comfy_memx.pinbudget.PinBudget` itself (most recently used other model first).
+``mru``      :class:`comfy_memx.pins.budget.PinBudget` itself (most recently used other model first).
 ``lru``      the same budget with ``policy="lru"``.
 ``comfyui``  ComfyUI 0.27.0's ``free_registrations``: walk ``reversed(current_loaded_models)`` (least recently
              loaded first) over inactive models, unregistering the shortfall plus ``REGISTERABLE_PIN_HYSTERESIS``
@@ -30,10 +30,10 @@ import os
 import sys
 
 try:
-    from comfy_memx.pinbudget import PinBudget
+    from comfy_memx.pins.budget import PinBudget
 except ImportError:  # run as a script from a checkout
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from comfy_memx.pinbudget import PinBudget
+    from comfy_memx.pins.budget import PinBudget
 
 MIB = 1024 ** 2
 GIB = 1024 ** 3

@@ -87,7 +87,7 @@ def import_comfyui(tree):
     ``--cpu`` is passed to ComfyUI's argument parser unless torch sees a CUDA device.
     """
     import torch
-    from comfy_memx._bootstrap import bootstrap
+    from comfy_memx.core.bootstrap import bootstrap
     tree = os.path.abspath(tree)
     sys.argv[:] = [os.path.join(tree, "main.py")] + ([] if torch.cuda.is_available() else ["--cpu"])
     sys.path.insert(0, tree)

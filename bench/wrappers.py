@@ -28,15 +28,15 @@ def _method_noop(self, *args, **kwargs):
 def run(quick=False):
     """Records ``{"case": "overhead", "metric": "wrapper_added_us", "site": ...}`` for each wrapped site."""
     import sys
-    from comfy_memx import runtime
-    from comfy_memx.wrapping import Switch
+    from comfy_memx.core.state import STATE
+    from comfy_memx.core.wrapping import Switch
     from comfy_memx.patches import model_management as patch
     mm = types.SimpleNamespace(current_loaded_models=[])
-    runtime.reset()
+    STATE.reset()
     number = 20000 if quick else 200000
     records = []
     entry = _Entry()
-    for site, factory in patch.SITES.items():
+    for site, factory in patch.PATCH.sites.items():
         is_method = site.startswith("LoadedModel.")
         bare = _method_noop if is_method else _noop
         wrapped = factory(mm, bare, Switch())

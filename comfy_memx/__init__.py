@@ -3,13 +3,18 @@
 Start ComfyUI as ``python -m comfy_memx path/to/main.py [ComfyUI args]``, or set ``COMFY_MEMX=1`` with ComfyUI's
 normal start command, or ``import comfy_memx.auto`` when embedding ComfyUI.  This module stays tiny on purpose: the
 interpreter-startup hook imports it in every Python process of the environment, so it must import nothing.
+
+Subpackages: ``core`` (settings, process state, the patch machinery, events), ``ledger`` (who loaded what),
+``leaks`` (leak reports and strict mode), ``pins`` (pinned-memory cap and budget), ``surface`` (routes, metrics,
+``/memx/free``), ``cli`` (the launcher and its commands) and ``patches`` (one module per ComfyUI area wrapped).
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def status():
     """Return what comfy_memx did in this process: activation source, config, applied and skipped patch sites."""
-    from comfy_memx import registry, runtime
-    return {"version": __version__, "source": runtime.source, "config": runtime.config.as_dict(),
+    from comfy_memx.core import registry
+    from comfy_memx.core.state import STATE
+    return {"version": __version__, "source": STATE.source, "config": STATE.config.as_dict(),
             "patches": registry.site_status()}

@@ -1,3 +1,3 @@
-from ._launcher import main
+from comfy_memx.cli.launcher import main
 
 main()

@@ -3,6 +3,6 @@
 With ``COMFY_MEMX`` unset the .pth line only reads ``os.environ`` and never imports this module.
 """
 
-from comfy_memx._bootstrap import bootstrap_quietly
+from comfy_memx.core.bootstrap import bootstrap_quietly
 
 bootstrap_quietly("env")

@@ -4,6 +4,6 @@ Import it before ComfyUI's modules (patches then apply as they are imported) or 
 models already loaded are adopted into the ledger without an owner).
 """
 
-from comfy_memx._bootstrap import bootstrap_quietly
+from comfy_memx.core.bootstrap import bootstrap_quietly
 
 bootstrap_quietly("auto")

@@ -3,7 +3,7 @@
 With DynamicVRAM (comfy-aimdo) weights are pinned layer by layer while a model runs, through
 ``comfy.pinned_memory.pin_memory(module, subset="weights", size=None)``, not through the legacy
 ``comfy.model_management.pin_memory``.  Each such pin is asked of the same process-wide budget as the legacy ones
-(``comfy_memx.pinning``): granted, granted after other models' pins were unregistered or freed most recently used
+(``comfy_memx.pins.session``): granted, granted after other models' pins were unregistered or freed most recently used
 first, or refused (the wrapper then returns False, as ComfyUI does when its own budget says no).  What ComfyUI
 really registered is read from the growth of ``TOTAL_PINNED_MEMORY``, so a pin moved between layers of one model
 (ComfyUI's pin stealing) or declined is given back.  Budgeting starts only once the ``pinned_memory`` patch has
@@ -14,12 +14,9 @@ Settings: ``COMFY_MEMX_PIN_LIMIT``, ``COMFY_MEMX_PIN_SCOPE``, ``COMFY_MEMX_DISAB
 
 import sys
 
-from comfy_memx import pinning
-from comfy_memx.errors import internal_error
-from comfy_memx.registry import patch_sites, unpatch_sites
-
-NAME = "dynamic_pins"
-TARGET = "comfy.pinned_memory"
+from comfy_memx.core.errors import internal_error
+from comfy_memx.core.patching import Patch
+from comfy_memx.pins import session as pinning
 
 
 def _call_parts(args, kwargs):
@@ -54,14 +51,12 @@ def _memx_pin_memory(pm, original, switch):
     return pin_memory
 
 
-SITES = {"pin_memory": _memx_pin_memory}
+class DynamicPinsPatch(Patch):
+    """DynamicVRAM's per-layer pin in ``comfy.pinned_memory``, under comfy_memx's budget."""
+
+    name = "dynamic_pins"
+    target = "comfy.pinned_memory"
+    sites = {"pin_memory": _memx_pin_memory}
 
 
-def patch(module):
-    """Wrap ``comfy.pinned_memory.pin_memory``; returns {site: "patched" | PatchSkipped}."""
-    return patch_sites(module, SITES)
-
-
-def unpatch(module):
-    """Restore ``comfy.pinned_memory.pin_memory``."""
-    return unpatch_sites(module, SITES)
+PATCH = DynamicPinsPatch()

@@ -1,19 +1,16 @@
 """Wraps ``execution.PromptExecutor.execute_async`` so loads can be attributed to a prompt's node class_type.
 
 ComfyUI already publishes the executing (prompt_id, node_id) in ``comfy_execution.utils``; the node's class_type
-lives only in the prompt, which this wrapper hands to ``comfy_memx.attribution`` for the duration of the prompt.
+lives only in the prompt, which this wrapper hands to ``comfy_memx.ledger.attribution`` for the prompt's duration.
 Checked against ComfyUI 0.3.64 and 0.27.0 (both ``async def execute_async(self, prompt, prompt_id, extra_data={},
 execute_outputs=[])``); a synchronous variant is wrapped synchronously.
 """
 
 import inspect
 
-from comfy_memx import attribution
-from comfy_memx.errors import internal_error
-from comfy_memx.registry import patch_sites, unpatch_sites
-
-NAME = "execution"
-TARGET = "execution"
+from comfy_memx.core.errors import internal_error
+from comfy_memx.core.patching import Patch
+from comfy_memx.ledger import attribution
 
 
 def _prompt_arguments(args, kwargs):
@@ -53,14 +50,12 @@ def _memx_execute_async(module, original, switch):
     return execute_async_sync
 
 
-SITES = {"PromptExecutor.execute_async": _memx_execute_async}
+class ExecutionPatch(Patch):
+    """Prompt attribution in ComfyUI's ``execution`` module."""
+
+    name = "execution"
+    target = "execution"
+    sites = {"PromptExecutor.execute_async": _memx_execute_async}
 
 
-def patch(module):
-    """Wrap ``PromptExecutor.execute_async``; returns {site: "patched" | PatchSkipped}."""
-    return patch_sites(module, SITES)
-
-
-def unpatch(module):
-    """Restore ``PromptExecutor.execute_async``."""
-    return unpatch_sites(module, SITES)
+PATCH = ExecutionPatch()

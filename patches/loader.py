@@ -28,25 +28,23 @@ import os
 import sys
 from time import perf_counter
 
-from comfy_memx import runtime
-from comfy_memx.attribution import current_owner
-from comfy_memx.errors import internal_error
-from comfy_memx.registry import patch_sites, unpatch_sites
+from comfy_memx.core.errors import internal_error
+from comfy_memx.core.patching import Patch
+from comfy_memx.core.state import STATE
+from comfy_memx.ledger.attribution import current_owner
 
-NAME = "loader"
-TARGET = "comfy.utils"
 SAFETENSORS_SUFFIXES = (".safetensors", ".sft")
 
 
 def _memx_load_torch_file(utils, original, switch):
     def load_torch_file(*args, **kwargs):
-        if not switch.on or not runtime.events.wanted:
+        if not switch.on or not STATE.events.wanted:
             return original(*args, **kwargs)
         start = perf_counter()
         result = original(*args, **kwargs)
         seconds = perf_counter() - start
         try:
-            runtime.events.emit("file_load", **file_load_fields(utils, args, kwargs, result, seconds),
+            STATE.events.emit("file_load", **file_load_fields(utils, args, kwargs, result, seconds),
                                 owner=current_owner(sys._getframe(1))._asdict())
         except Exception as exc:
             internal_error("file load accounting", exc)
@@ -107,14 +105,12 @@ def _first_tensor(state_dict, look_at=8):
     return None
 
 
-SITES = {"load_torch_file": _memx_load_torch_file}
+class LoaderPatch(Patch):
+    """``file_load`` events from ComfyUI's checkpoint loader in ``comfy.utils``."""
+
+    name = "loader"
+    target = "comfy.utils"
+    sites = {"load_torch_file": _memx_load_torch_file}
 
 
-def patch(module):
-    """Wrap ``load_torch_file`` in ``comfy.utils``; returns {site: "patched" | PatchSkipped}."""
-    return patch_sites(module, SITES)
-
-
-def unpatch(module):
-    """Restore ``load_torch_file`` in ``comfy.utils``."""
-    return unpatch_sites(module, SITES)
+PATCH = LoaderPatch()

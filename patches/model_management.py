@@ -3,7 +3,7 @@
 Sites: ``load_models_gpu`` (notices the silent clone-replacement pop that bypasses ``model_unload``),
 ``LoadedModel.model_load`` (bytes moved, seconds, owner), ``LoadedModel.model_unload`` (bytes freed, partial or
 full, refcounts), ``free_memory`` / ``unload_all_models`` / ``unload_model_and_clones`` (the unload reason) and
-``cleanup_models_gc`` (leak reports, see ``comfy_memx.leakwatch``).  Checked against ComfyUI 0.3.64 (3-parameter
+``cleanup_models_gc`` (leak reports, see ``comfy_memx.leaks.watch``).  Checked against ComfyUI 0.3.64 (3-parameter
 ``free_memory``, no ``unload_model_and_clones``) and 0.27.0 (6 parameters); every call site in ComfyUI goes through
 the module attribute, so a module ``setattr`` also catches calls made inside the module.
 # COMFY: ``cast_to`` is deliberately not wrapped: hook_breaker_ac10a0 restores it after custom nodes load.
@@ -13,24 +13,26 @@ Settings: ``COMFY_MEMX_LEAK_MODE`` (off disables the cleanup_models_gc work), ``
 import sys
 from time import perf_counter
 
-from comfy_memx import accounting, leakwatch, registry, runtime
-from comfy_memx.errors import internal_error
-from comfy_memx.registry import patch_sites, unpatch_sites
-
-NAME = "model_management"
-TARGET = "comfy.model_management"
+from comfy_memx.core import registry
+from comfy_memx.core.errors import internal_error
+from comfy_memx.core.patching import Patch
+from comfy_memx.core.state import STATE
+from comfy_memx.leaks import watch as leakwatch
+from comfy_memx.ledger import accounting
 
 
 def _memx_load_models_gpu(mm, original, switch):
     load_stack, load_call = accounting.load_stack, accounting.LoadCall
+    announced = []  # the startup line is logged at the first load at the latest (announce() itself runs once)
 
     def load_models_gpu(*args, **kwargs):
         if not switch.on:
             return original(*args, **kwargs)
-        if not registry.announced:
+        if not announced:
+            announced.append(True)
             registry.announce()
         before = list(mm.current_loaded_models)
-        loads = load_stack() if accounting.loads_published else None
+        loads = load_stack() if STATE.publish_loads else None
         if loads is not None:
             loads.append(load_call(args[0] if args else kwargs.get("models", ())))
         try:
@@ -166,7 +168,7 @@ def _memx_unload_model_and_clones(mm, original, switch):
 
 def _memx_cleanup_models_gc(mm, original, switch):
     def cleanup_models_gc(*args, **kwargs):
-        if not switch.on or not mm.current_loaded_models or runtime.config.leak_mode == "off":
+        if not switch.on or not mm.current_loaded_models or STATE.config.leak_mode == "off":
             return original(*args, **kwargs)
         try:
             found = leakwatch.suspects(mm)
@@ -186,38 +188,35 @@ def _memx_cleanup_models_gc(mm, original, switch):
     return cleanup_models_gc
 
 
-SITES = {
-    "load_models_gpu": _memx_load_models_gpu,
-    "LoadedModel.model_load": _memx_model_load,
-    "LoadedModel.model_unload": _memx_model_unload,
-    "free_memory": _memx_free_memory,
-    "unload_all_models": _memx_unload_all_models,
-    "unload_model_and_clones": _memx_unload_model_and_clones,
-    "cleanup_models_gc": _memx_cleanup_models_gc,
-}
+class ModelManagementPatch(Patch):
+    """The ledger's sites in ``comfy.model_management``."""
+
+    name = "model_management"
+    target = "comfy.model_management"
+    sites = {
+        "load_models_gpu": _memx_load_models_gpu,
+        "LoadedModel.model_load": _memx_model_load,
+        "LoadedModel.model_unload": _memx_model_unload,
+        "free_memory": _memx_free_memory,
+        "unload_all_models": _memx_unload_all_models,
+        "unload_model_and_clones": _memx_unload_model_and_clones,
+        "cleanup_models_gc": _memx_cleanup_models_gc,
+    }
+
+    def adopt(self, module):
+        """Late activation: put the models ComfyUI already holds into the ledger (owner unknown)."""
+        for entry in list(getattr(module, "current_loaded_models", ())):
+            patcher = entry.model
+            module_obj = entry.real_model() if entry.real_model is not None else None
+            if patcher is None or module_obj is None:
+                continue
+            record = STATE.ledger.record_for(module_obj)
+            record.add_patcher(patcher)
+            record.patcher_id = id(patcher)
+            record.device = str(getattr(entry, "device", None))
+            record.loaded_bytes = patcher.loaded_size()
+            record.touch()
+            del module_obj
 
 
-def patch(module):
-    """Wrap every site of ``SITES`` in ``comfy.model_management``; returns {site: "patched" | PatchSkipped}."""
-    return patch_sites(module, SITES)
-
-
-def unpatch(module):
-    """Restore every site of ``SITES`` in ``comfy.model_management``."""
-    return unpatch_sites(module, SITES)
-
-
-def adopt(module):
-    """Late activation: put the models ComfyUI already holds into the ledger (owner unknown)."""
-    for entry in list(getattr(module, "current_loaded_models", ())):
-        patcher = entry.model
-        module_obj = entry.real_model() if entry.real_model is not None else None
-        if patcher is None or module_obj is None:
-            continue
-        record = runtime.ledger.record_for(module_obj)
-        record.add_patcher(patcher)
-        record.patcher_id = id(patcher)
-        record.device = str(getattr(entry, "device", None))
-        record.loaded_bytes = patcher.loaded_size()
-        record.touch()
-        del module_obj
+PATCH = ModelManagementPatch()

@@ -18,12 +18,9 @@ Settings: ``COMFY_MEMX_PIN_LIMIT`` (auto, off, a size or a percentage of RAM), `
 import logging
 import sys
 
-from comfy_memx import pinning
-from comfy_memx.errors import internal_error
-from comfy_memx.registry import patch_sites, unpatch_sites
-
-NAME = "pinned_memory"
-TARGET = "comfy.model_management"
+from comfy_memx.core.errors import internal_error
+from comfy_memx.core.patching import Patch
+from comfy_memx.pins import session as pinning
 
 log = logging.getLogger("comfy_memx")
 
@@ -125,43 +122,43 @@ def _memx_free_pins(mm, original, switch):
     return free_pins
 
 
-SITES = {
-    "pin_memory": _memx_pin_memory,
-    "unpin_memory": _memx_unpin_memory,
-    "ensure_pin_budget": _memx_pin_check,
-    "ensure_pin_registerable": _memx_pin_check,
-    "free_pins": _memx_free_pins,
-    "free_registrations": _memx_free_registrations,
-}
+class PinnedMemoryPatch(Patch):
+    """ComfyUI's pin functions and cap in ``comfy.model_management``, under comfy_memx's budget."""
+
+    name = "pinned_memory"
+    target = "comfy.model_management"
+    sites = {
+        "pin_memory": _memx_pin_memory,
+        "unpin_memory": _memx_unpin_memory,
+        "ensure_pin_budget": _memx_pin_check,
+        "ensure_pin_registerable": _memx_pin_check,
+        "free_pins": _memx_free_pins,
+        "free_registrations": _memx_free_registrations,
+    }
+
+    def before_unpatch(self, module):
+        """Put ComfyUI's own ``MAX_PINNED_MEMORY`` back and stop budgeting pins."""
+        if pinning.started_for(module):
+            module.MAX_PINNED_MEMORY = pinning.comfyui_max()
+            pinning.stop()
+
+    def adopt(self, module):
+        """Right after import: put comfy_memx's cap into ``MAX_PINNED_MEMORY`` where ComfyUI enabled pinning, and
+        log it.
+
+        Leaves ComfyUI alone where it did not enable pinning (``MAX_PINNED_MEMORY`` <= 0: CPU-only, non-NVIDIA/AMD,
+        ``--disable-pinned-memory``) or has no pinning at all (0.3.64).  ``COMFY_MEMX_PIN_LIMIT=off`` sets it to 0.
+        """
+        comfyui_value = getattr(module, "MAX_PINNED_MEMORY", None)
+        if comfyui_value is None or pinning.started_for(module):
+            return
+        if comfyui_value <= 0:
+            log.debug("comfy_memx: pinned memory stays off (ComfyUI did not enable it: no NVIDIA/AMD GPU, or "
+                      "--disable-pinned-memory)")
+            return
+        cap = pinning.start(module)
+        module.MAX_PINNED_MEMORY = cap.bytes
+        log.info(pinning.startup_line())
 
 
-def patch(module):
-    """Wrap every site of ``SITES`` in ``comfy.model_management``; returns {site: "patched" | PatchSkipped}."""
-    return patch_sites(module, SITES)
-
-
-def unpatch(module):
-    """Restore every site of ``SITES`` and ComfyUI's own ``MAX_PINNED_MEMORY``; stop budgeting pins."""
-    results = unpatch_sites(module, SITES)
-    if pinning.started_for(module):
-        module.MAX_PINNED_MEMORY = pinning.comfyui_max()
-        pinning.stop()
-    return results
-
-
-def adopt(module):
-    """Right after import: put comfy_memx's cap into ``MAX_PINNED_MEMORY`` where ComfyUI enabled pinning, and log it.
-
-    Leaves ComfyUI alone where it did not enable pinning (``MAX_PINNED_MEMORY`` <= 0: CPU-only, non-NVIDIA/AMD,
-    ``--disable-pinned-memory``) or has no pinning at all (0.3.64).  ``COMFY_MEMX_PIN_LIMIT=off`` sets it to 0.
-    """
-    comfyui_value = getattr(module, "MAX_PINNED_MEMORY", None)
-    if comfyui_value is None or pinning.started_for(module):
-        return
-    if comfyui_value <= 0:
-        log.debug("comfy_memx: pinned memory stays off (ComfyUI did not enable it: no NVIDIA/AMD GPU, or "
-                  "--disable-pinned-memory)")
-        return
-    cap = pinning.start(module)
-    module.MAX_PINNED_MEMORY = cap.bytes
-    log.info(pinning.startup_line())
+PATCH = PinnedMemoryPatch()

@@ -6,24 +6,21 @@ Site: ``PromptServer.add_routes``.  ComfyUI's main.py creates ``PromptServer(loo
 ours at the start of ``add_routes`` puts them on the same port, after every custom node's, so a ``/metrics`` that
 another pack serves is seen and left alone (comfy_memx's then lives at ``/memx/metrics`` only).  Checked against
 ComfyUI 0.3.64 (server.py :796) and 0.27.0 (:1202).  Patching also subscribes the Prometheus metrics to the event
-stream, so they count from the first load (``comfy_memx.metrics``; off without prometheus_client).
-Handlers live in ``comfy_memx.routes``, the /memx/free logic in ``comfy_memx.freeing``.
+stream, so they count from the first load (``comfy_memx.surface.metrics``; off without prometheus_client).
+Handlers live in ``comfy_memx.surface.routes``, the /memx/free logic in ``comfy_memx.surface.freeing``.
 Settings: ``COMFY_MEMX_DISABLE=server`` (no routes, no metrics), ``COMFY_MEMX_LEAK_BUDGET`` (the holder search of
 each survivor in a /memx/free receipt).
 """
 
-from comfy_memx.errors import internal_error
-from comfy_memx.registry import patch_sites, unpatch_sites
-
-NAME = "server"
-TARGET = "server"
+from comfy_memx.core.errors import internal_error
+from comfy_memx.core.patching import Patch
 
 
 def _memx_add_routes(module, original, switch):
     def add_routes(self, *args, **kwargs):
         if switch.on:
             try:
-                from comfy_memx import routes
+                from comfy_memx.surface import routes
                 routes.register(self)
             except Exception as exc:
                 internal_error("registering comfy_memx routes", exc)
@@ -31,22 +28,25 @@ def _memx_add_routes(module, original, switch):
     return add_routes
 
 
-SITES = {"PromptServer.add_routes": _memx_add_routes}
+class ServerPatch(Patch):
+    """comfy_memx's routes and metrics on ComfyUI's ``server.PromptServer``."""
+
+    name = "server"
+    target = "server"
+    sites = {"PromptServer.add_routes": _memx_add_routes}
+
+    def after_patch(self, module):
+        """Start the metrics, so that they count from the first load."""
+        try:
+            from comfy_memx.surface import metrics
+            metrics.install()
+        except Exception as exc:
+            internal_error("starting comfy_memx metrics", exc)
+
+    def before_unpatch(self, module):
+        """Stop the metrics (routes already served stay until restart)."""
+        from comfy_memx.surface import metrics
+        metrics.uninstall()
 
 
-def patch(module):
-    """Wrap ``PromptServer.add_routes`` and start the metrics; returns {site: "patched" | PatchSkipped}."""
-    results = patch_sites(module, SITES)
-    try:
-        from comfy_memx import metrics
-        metrics.install()
-    except Exception as exc:
-        internal_error("starting comfy_memx metrics", exc)
-    return results
-
-
-def unpatch(module):
-    """Restore ``PromptServer.add_routes`` and stop the metrics (routes already served stay until restart)."""
-    from comfy_memx import metrics
-    metrics.uninstall()
-    return unpatch_sites(module, SITES)
+PATCH = ServerPatch()

@@ -3,8 +3,9 @@
 import contextlib
 import json
 
-from comfy_memx import registry, runtime
-from comfy_memx._bootstrap import bootstrap
+from comfy_memx.core import registry
+from comfy_memx.core.state import STATE
+from comfy_memx.core.bootstrap import bootstrap
 from fake_comfy.loader import purge_fake_comfy, use_fake_comfy
 
 
@@ -17,7 +18,7 @@ def memx_on(version, **settings):
     """
     environ = {"COMFY_MEMX_" + k.upper(): str(v) for k, v in settings.items()}
     environ["COMFY_MEMX_RAISE_INTERNAL"] = "1"
-    runtime.reset()
+    STATE.reset()
     bootstrap("api", environ)
     try:
         mm = use_fake_comfy(version)

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from fake_comfy.loader import shape_root
+from comfy_memx import __version__
 
 ROOT = Path(__file__).parents[1]
 PROBE = ("import sys; print('memx' if 'comfy_memx' in sys.modules else 'none', "
-         "sorted(m for m in ('torch', 'logging', 'comfy_memx._bootstrap') if m in sys.modules))")
+         "sorted(m for m in ('torch', 'logging', 'comfy_memx.core.bootstrap') if m in sys.modules))")
 
 
 def clean_env(**extra):
@@ -33,8 +34,8 @@ def test_launcher_runs_the_stand_in_main_with_its_flags(version):
     log = out.stdout + out.stderr
     assert "Set vram state to: DISABLED" in log            # ComfyUI's --cpu was honoured
     assert "Torch already imported" not in log
-    assert "comfy_memx 0.1.0 active (launcher, leak mode strict): patched load_models_gpu" in log
-    assert log.count("comfy_memx 0.1.0 active") == 1
+    assert f"comfy_memx {__version__} active (launcher, leak mode strict): patched load_models_gpu" in log
+    assert log.count(f"comfy_memx {__version__} active") == 1
 
 
 def test_comfyui_rejects_its_own_bad_flag_not_ours():
@@ -47,7 +48,7 @@ def test_comfyui_rejects_its_own_bad_flag_not_ours():
 def test_env_flag_activates_with_the_normal_start_command(version):
     main = os.path.join(shape_root(version), "main.py")
     on = run([sys.executable, main, "--cpu", "--quick-test-for-ci"], COMFY_MEMX="1")
-    assert on.returncode == 0 and "comfy_memx 0.1.0 active (env, leak mode report)" in on.stdout + on.stderr
+    assert on.returncode == 0 and f"comfy_memx {__version__} active (env, leak mode report)" in on.stdout + on.stderr
     off = run([sys.executable, main, "--cpu", "--quick-test-for-ci"], COMFY_MEMX="0")
     assert off.returncode == 0 and "comfy_memx" not in off.stdout + off.stderr
 
@@ -72,8 +73,8 @@ def test_startup_hook_in_a_fresh_virtual_environment(tmp_path, editable):
     assert done.returncode == 0, done.stderr
     unset = run([python, "-c", PROBE])
     assert unset.stdout.split()[0] == "none" and "torch" not in unset.stdout
-    on = run([python, "-c", PROBE + "; from comfy_memx import runtime, importhook; "
-              "print(runtime.source, importhook.pending())"], COMFY_MEMX="1")
+    on = run([python, "-c", PROBE + "; from comfy_memx.core.state import STATE; from comfy_memx.core import importhook; "
+              "print(STATE.source, importhook.pending())"], COMFY_MEMX="1")
     assert on.returncode == 0, on.stderr
     assert on.stdout.startswith("memx") and "'torch'" not in on.stdout
     assert on.stdout.split("\n")[1].startswith("env [")

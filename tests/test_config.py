@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from comfy_memx import config
-from comfy_memx.errors import ConfigError
+from comfy_memx.core import config
+from comfy_memx.core.errors import ConfigError
 
 
 def test_defaults_without_environment():

@@ -1,7 +1,7 @@
 import json
 import os
 
-from comfy_memx.events import EventLog
+from comfy_memx.core.events import EventLog
 
 
 def test_events_are_json_lines_with_event_time_pid(tmp_path):

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from comfy_memx import free_cmd
+from comfy_memx.cli import free as free_cmd
 
 OWNER = {"prompt_id": "p", "node_id": "1", "class_type": "LeakyLoader", "package": "leaky_pack"}
 FREED = {"model": "BaseModel", "model_id": "BaseModel#2", "unloaded_bytes": 16384, "device": "cuda:0",

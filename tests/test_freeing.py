@@ -1,10 +1,12 @@
-"""comfy_memx.freeing without a server: the request's states, the hooks' lifetime, flags, and the receipt."""
+"""comfy_memx.surface.freeing without a server: the request's states, the hooks' lifetime, flags, and the receipt."""
 
 import gc
 import threading
 import weakref
 
-from comfy_memx import accounting, freeing, runtime
+from comfy_memx.ledger import accounting
+from comfy_memx.surface import freeing
+from comfy_memx.core.state import STATE
 
 HELD = []
 
@@ -24,7 +26,7 @@ def unload_all():
     accounting.push_reason("free_request")
     accounting.push_reason("memory_pressure", keep_outer=True)   # free_memory inside unload_all_models
     accounting.pop_reason()
-    assert accounting.free_request_hooks            # still inside the outer scope
+    assert STATE.free_request_hooks            # still inside the outer scope
     accounting.pop_reason()
 
 
@@ -45,7 +47,7 @@ def test_a_request_is_done_after_its_unload_and_a_full_collection_on_the_same_th
         assert later == [1]
     finally:
         freeing.end(watch)
-    assert freeing._on_free_phase not in accounting.free_request_hooks and freeing._on_gc not in gc.callbacks
+    assert freeing._on_free_phase not in STATE.free_request_hooks and freeing._on_gc not in gc.callbacks
 
 
 def test_a_run_that_started_before_the_request_is_not_its_own():
@@ -78,17 +80,17 @@ def test_a_run_that_started_before_the_request_is_not_its_own():
 def test_unloads_of_the_request_are_collected_from_the_event_stream():
     watch = freeing.begin()
     try:
-        runtime.events.emit("unload", model="M", model_id="M#9", reason="free_request", bytes=5, device="cpu")
+        STATE.events.emit("unload", model="M", model_id="M#9", reason="free_request", bytes=5, device="cpu")
         on_worker_thread(lambda: accounting.push_reason("free_request"),
-                         lambda: runtime.events.emit("unload", model="M", model_id="M#1", reason="free_request",
+                         lambda: STATE.events.emit("unload", model="M", model_id="M#1", reason="free_request",
                                                      bytes=7, device="cuda:0"),
-                         lambda: runtime.events.emit("unload", model="M", model_id="M#2", reason="other",
+                         lambda: STATE.events.emit("unload", model="M", model_id="M#2", reason="other",
                                                      bytes=3, device="cuda:0"),
                          accounting.pop_reason)
         assert watch.unloads == [{"model": "M", "model_id": "M#1", "bytes": 7, "device": "cuda:0"}]
     finally:
         freeing.end(watch)
-    assert not runtime.events.wanted
+    assert not STATE.events.wanted
 
 
 def test_flags_are_set_again_only_while_the_worker_has_not_started():
@@ -114,12 +116,12 @@ def test_flags_are_set_again_only_while_the_worker_has_not_started():
 def test_receipt_names_released_and_leaked_models_and_bounds_the_searches(monkeypatch):
     gone, kept_a, kept_b = Model(), Model(), Model()
     for model in (gone, kept_a, kept_b):
-        record = runtime.ledger.record_for(model)
+        record = STATE.ledger.record_for(model)
         record.model_bytes = 100
     HELD.extend([kept_a, kept_b])
     for model in (kept_a, kept_b):
-        runtime.ledger.find(model).leak = {"stage": "rooted", "prompt_id": None, "time": 0.0}
-    gone_id = runtime.ledger.find(gone).model_id
+        STATE.ledger.find(model).leak = {"stage": "rooted", "prompt_id": None, "time": 0.0}
+    gone_id = STATE.ledger.find(gone).model_id
     refs = [weakref.ref(m) for m in (kept_a, kept_b)]
     del model, kept_a, kept_b
     monkeypatch.setattr(freeing, "MAX_SEARCHED", 1)

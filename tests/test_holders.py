@@ -1,4 +1,4 @@
-"""Tests of comfy_memx.holders: holder chains, cycle capture, bounds, and that the search keeps nothing alive."""
+"""Tests of comfy_memx.leaks.holders: holder chains, cycle capture, bounds, and that the search keeps nothing alive."""
 
 import ctypes
 import gc
@@ -12,10 +12,10 @@ import weakref
 
 import pytest
 
-from comfy_memx.holders import (ROOT_C_REGISTRY, ROOT_CLASS_ATTRIBUTE, ROOT_MODULE_GLOBAL, ROOT_THREAD_FRAME,
+from comfy_memx.leaks.holders import (ROOT_C_REGISTRY, ROOT_CLASS_ATTRIBUTE, ROOT_MODULE_GLOBAL, ROOT_THREAD_FRAME,
                                 CycleReport, HolderReport, capture_cycle, find_holders, investigate, package_of,
                                 safe_repr, to_dot)
-from comfy_memx.holders.packages import display_module_name
+from comfy_memx.leaks.holders.packages import display_module_name
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "holder_fixtures")
 CUSTOM_NODES = os.path.join(FIXTURES, "custom_nodes")
@@ -416,7 +416,7 @@ def test_package_of_paths():
     assert package_of(os.path.join(root, "custom_nodes", "some_pack", "nodes", "x.py"), root) == "some_pack"
     assert package_of(os.path.join(root, "custom_nodes", "single_node.py"), root) == "single_node"
     assert package_of(os.path.join(root, "comfy", "model_management.py"), root) == "core"
-    assert package_of("comfy_memx.holders") == "comfy_memx"
+    assert package_of("comfy_memx.leaks.holders") == "comfy_memx"
     assert package_of(json) == "json"
 
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from comfy_memx import hostmem
+from comfy_memx.pins import host as hostmem
 
 GIB = 1024 ** 3
 KIB = 1024

@@ -1,6 +1,7 @@
 import sys
 
-from comfy_memx import importhook
+from comfy_memx.core import importhook
+from comfy_memx.core.state import STATE
 
 
 def _write_module(tmp_path, name, body="VALUE = 1\n"):
@@ -27,8 +28,8 @@ def test_already_imported_module_fires_at_once():
 
 
 def test_failing_callback_never_breaks_the_import(tmp_path, monkeypatch):
-    from comfy_memx import errors
-    monkeypatch.setattr(errors, "RAISE_INTERNAL", False)
+    from comfy_memx.core import errors
+    monkeypatch.setattr(STATE.errors, "raise_internal", False)
     _write_module(tmp_path, "memx_target_b")
 
     def broken(module):

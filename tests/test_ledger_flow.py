@@ -7,7 +7,7 @@ import weakref
 
 import pytest
 
-from comfy_memx import runtime
+from comfy_memx.core.state import STATE
 from fake_comfy.loader import make_patcher
 from memx_helpers import install_pack, memx_on, read_events, run_prompt
 
@@ -32,7 +32,7 @@ def test_owner_of_a_load_from_a_custom_node_inside_a_prompt(version, tmp_path):
         import execution
         executor = run_prompt(execution.PromptExecutor(None), "prompt-1", leaky_prompt())
         assert executor.success, executor.status_messages
-        record = runtime.ledger.records()[0]
+        record = STATE.ledger.records()[0]
         assert record.owner._asdict() == {"prompt_id": "prompt-1", "node_id": "1", "class_type": "LeakyLoader",
                                           "package": "leaky_pack"}
         load = [e for e in read_events(events_path) if e["event"] == "load"][0]
@@ -48,12 +48,12 @@ def test_core_node_load_and_load_outside_a_prompt(version, tmp_path):
         executor = run_prompt(execution.PromptExecutor(None), "p", {
             "1": {"class_type": "SimModelLoader", "inputs": {"tensor_count": 2, "tensor_numel": 64}},
             "2": {"class_type": "SimSampler", "inputs": {"model": ["1", 0]}}})
-        owner = runtime.ledger.records()[0].owner
+        owner = STATE.ledger.records()[0].owner
         del executor
         assert (owner.node_id, owner.class_type, owner.package) == ("2", "SimSampler", "core")
         outside = make_patcher(2, 64)
         mm.load_models_gpu([outside])
-        record = runtime.ledger.find(outside.model)
+        record = STATE.ledger.find(outside.model)
         assert record.owner._asdict() == {"prompt_id": None, "node_id": None, "class_type": None, "package": "core"}
 
 
@@ -107,7 +107,7 @@ def test_unload_records_bytes_partial_and_refcounts(version, tmp_path):
         assert full["refcounts"]["module"] == again["refcounts"]["module"] + 1
         assert full["extra_referrers"] == again["extra_referrers"] + 1
         assert again["extra_referrers"] == 0
-        record = runtime.ledger.find(patcher.model)
+        record = STATE.ledger.find(patcher.model)
         assert [u["reason"] for u in record.unloads] == ["other", "unload_all", "unload_all"]
 
 
@@ -119,12 +119,12 @@ def test_ledger_never_keeps_a_model_alive(version, tmp_path):
         mm.load_models_gpu([patcher])
         mm.free_memory(1e30, mm.get_torch_device())
         mm.load_models_gpu([patcher])
-        assert len(runtime.ledger) == 1
+        assert len(STATE.ledger) == 1
         del patcher
         gc.collect()
         mm.cleanup_models_gc()
         assert probe() is None
-        assert len(runtime.ledger) == 0
+        assert len(STATE.ledger) == 0
 
 
 @pytest.mark.parametrize("version", VERSIONS)

@@ -8,8 +8,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from comfy_memx import runtime, wrapping
-from comfy_memx.events import EventLog
+from comfy_memx.core.state import STATE
+from comfy_memx.core import wrapping
+from comfy_memx.core.events import EventLog
 from comfy_memx.patches import loader as loader_patch
 from fake_comfy.loader import make_patcher
 from memx_helpers import memx_on, read_events
@@ -133,7 +134,7 @@ def test_owner_is_the_custom_node_package_that_called_the_loader(version, files,
                                       "    return comfy.utils.load_torch_file(path)\n")
     seen = []
     with memx_on(version):
-        runtime.events.subscribe(seen.append)
+        STATE.events.subscribe(seen.append)
         spec = importlib.util.spec_from_file_location("my_loader_pack", pack / "__init__.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
@@ -145,15 +146,15 @@ def test_owner_is_the_custom_node_package_that_called_the_loader(version, files,
 def test_no_event_work_without_a_listener(version, files, monkeypatch):
     _, paths = files
     with memx_on(version):
-        monkeypatch.setattr(runtime, "events", EventLog())  # no file, no subscriber (metrics may subscribe otherwise)
+        monkeypatch.setattr(STATE, "events", EventLog())  # no file, no subscriber (metrics may subscribe otherwise)
 
         def must_not_run(*args, **kwargs):
             raise AssertionError("event fields computed without a listener")
         monkeypatch.setattr(loader_patch, "file_load_fields", must_not_run)
         patched, _ = loaders()
-        assert hasattr(patched, "__wrapped__") and not runtime.events.wanted
+        assert hasattr(patched, "__wrapped__") and not STATE.events.wanted
         assert len(patched(paths["safetensors"])) == 5
-        runtime.events.subscribe(lambda event: None)
+        STATE.events.subscribe(lambda event: None)
         with pytest.raises(AssertionError, match="without a listener"):
             patched(paths["safetensors"])
 

@@ -1,9 +1,10 @@
-"""comfy_memx.metrics: names, labels and values from events and scrape-time state, in a private registry."""
+"""comfy_memx.surface.metrics: names, labels and values from events and scrape-time state, in a private registry."""
 
 import pytest
 
-from comfy_memx import metrics, runtime
-from comfy_memx.events import EventLog
+from comfy_memx.surface import metrics
+from comfy_memx.core.state import STATE
+from comfy_memx.core.events import EventLog
 
 parser = pytest.importorskip("prometheus_client.parser")
 prometheus_client = pytest.importorskip("prometheus_client")
@@ -113,16 +114,16 @@ def test_private_registry_leaves_the_global_one_alone():
 
 
 def test_install_subscribes_to_the_event_stream_and_uninstall_stops(monkeypatch):
-    runtime.events = EventLog()
+    STATE.events = EventLog()
     assert metrics.install() is metrics.install()      # one per process
     try:
-        runtime.events.emit("load", owner=OWNER, bytes=10, seconds=0.1)
+        STATE.events.emit("load", owner=OWNER, bytes=10, seconds=0.1)
         counted = metrics.installed().loads.labels("leaky_pack")._value.get()
         assert counted == 1
     finally:
         metrics.uninstall()
-    runtime.events.emit("load", owner=OWNER, bytes=10, seconds=0.1)
-    assert metrics.installed() is None and not runtime.events.wanted
+    STATE.events.emit("load", owner=OWNER, bytes=10, seconds=0.1)
+    assert metrics.installed() is None and not STATE.events.wanted
 
 
 def test_install_without_prometheus_client_returns_none(monkeypatch):

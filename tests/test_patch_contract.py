@@ -4,8 +4,13 @@ import logging
 
 import pytest
 
-from comfy_memx import accounting, errors, registry, wrapping
-from comfy_memx.config import PATCH_NAMES
+from comfy_memx.core.state import STATE
+
+from comfy_memx.ledger import accounting
+from comfy_memx.core import errors
+from comfy_memx.core import registry
+from comfy_memx.core import wrapping
+from comfy_memx.core.config import PATCH_NAMES
 from fake_comfy.loader import make_patcher
 from memx_helpers import memx_on
 
@@ -17,9 +22,9 @@ def targets(mm):
     import importlib
     found = {}
     for name in PATCH_NAMES:
-        patches = registry.patch_module(name)
+        patches = registry.patch_of(name)
         try:
-            found[name] = (patches, importlib.import_module(patches.TARGET))
+            found[name] = (patches, importlib.import_module(patches.target))
         except ImportError:
             continue
     assert {"model_management", "execution"} <= set(found)
@@ -27,7 +32,7 @@ def targets(mm):
 
 
 def present_sites(patches, module):
-    for site in patches.SITES:
+    for site in patches.sites:
         try:
             wrapping.resolve(module, site)
         except errors.PatchSkipped:
@@ -99,8 +104,8 @@ def test_bookkeeping_errors_never_fail_comfyui_in_production(version, monkeypatc
         monkeypatch.setattr(accounting, "on_load", broken)
         with pytest.raises(RuntimeError, match="ledger bug"):
             mm.load_models_gpu([make_patcher()])
-        monkeypatch.setattr(errors, "RAISE_INTERNAL", False)
-        monkeypatch.setattr(errors, "_reported_kinds", set())
+        monkeypatch.setattr(STATE.errors, "raise_internal", False)
+        monkeypatch.setattr(STATE.errors, "reported_kinds", set())
         for _ in range(3):
             assert mm.load_models_gpu([make_patcher()]) is None
         reports = [r for r in caplog.records if "internal error in load accounting" in r.getMessage()]
@@ -117,7 +122,7 @@ def test_foreign_wrapper_installed_on_top_is_kept(version):
             calls.append(args)
             return ours(*args, **kwargs)
         mm.free_memory = foreign
-        registry.patch_module("model_management").unpatch(mm)
+        registry.patch_of("model_management").unpatch(mm)
         assert mm.free_memory is foreign
         assert mm.free_memory(1, mm.get_torch_device()) == [] and len(calls) == 1
 

@@ -13,9 +13,12 @@ import threading
 
 import pytest
 
-from comfy_memx import errors, pinbudget
-from comfy_memx.errors import ConfigError
-from comfy_memx.pinbudget import HostRegistry, PinBudget
+from comfy_memx.core.state import STATE
+
+from comfy_memx.core import errors
+from comfy_memx.pins import budget as pinbudget
+from comfy_memx.core.errors import ConfigError
+from comfy_memx.pins.budget import HostRegistry, PinBudget
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -273,7 +276,7 @@ def test_default_registry_path_prefers_the_runtime_dir(tmp_path, monkeypatch):
 
 WORKER = textwrap.dedent("""
     import json, sys
-    from comfy_memx.pinbudget import HostRegistry, PinBudget
+    from comfy_memx.pins.budget import HostRegistry, PinBudget
     budget = PinBudget(int(sys.argv[2]), scope="host", registry=HostRegistry(sys.argv[1]), host_chunk_bytes=10)
     print("ready", flush=True)
     for line in sys.stdin:
@@ -332,7 +335,7 @@ def test_two_processes_share_one_host_budget_and_a_killed_ones_share_is_reclaime
 
 
 def test_an_unusable_registry_falls_back_to_the_process_cap(tmp_path, monkeypatch):
-    monkeypatch.setattr(errors, "RAISE_INTERNAL", False)
+    monkeypatch.setattr(STATE.errors, "raise_internal", False)
     budget = PinBudget(100, scope="host", registry=HostRegistry(str(tmp_path / "gone" / "pins.json")))
     assert budget.request("a", 80).granted
     assert budget.request("b", 50).evict == (("a", 30),)

@@ -4,8 +4,9 @@ import logging
 
 import pytest
 
-from comfy_memx import hostmem, pincap
-from comfy_memx.errors import ConfigError
+from comfy_memx.pins import host as hostmem
+from comfy_memx.pins import cap as pincap
+from comfy_memx.core.errors import ConfigError
 
 GIB = 1024 ** 3
 

@@ -17,8 +17,13 @@ import types
 
 import pytest
 
-from comfy_memx import hostmem, pincap, pinning, registry, runtime, wrapping
-from comfy_memx._bootstrap import bootstrap
+from comfy_memx.pins import host as hostmem
+from comfy_memx.pins import cap as pincap
+from comfy_memx.pins import session as pinning
+from comfy_memx.core import registry
+from comfy_memx.core.state import STATE
+from comfy_memx.core import wrapping
+from comfy_memx.core.bootstrap import bootstrap
 from fake_comfy.loader import make_patcher, purge_fake_comfy, shape_root
 from memx_helpers import memx_on, read_events
 
@@ -57,7 +62,7 @@ def pin_events(path, kind=None):
 
 
 def model_id(patcher):
-    return runtime.ledger.find(patcher.model).model_id
+    return STATE.ledger.find(patcher.model).model_id
 
 
 def pinned_bytes(mm, patcher):
@@ -70,7 +75,7 @@ def memx_with_argv(version, argv, **settings):
     """Like memx_on, but the stand-in parses ``argv`` as ComfyUI's command line (e.g. ``--cpu``)."""
     environ = {"COMFY_MEMX_" + k.upper(): str(v) for k, v in settings.items()}
     environ["COMFY_MEMX_RAISE_INTERNAL"] = "1"
-    runtime.reset()
+    STATE.reset()
     bootstrap("api", environ)
     saved_argv = sys.argv
     purge_fake_comfy()
@@ -135,7 +140,7 @@ def test_off_turns_pinning_off_and_unpatch_restores(tmp_path):
         patcher = make_patcher(4, 64 * 1024)
         mm.load_models_gpu([patcher])
         assert mm.HOST_REGISTER.calls == [] and patcher.pinned == set()
-        registry.patch_module("pinned_memory").unpatch(mm)
+        registry.patch_of("pinned_memory").unpatch(mm)
         assert mm.MAX_PINNED_MEMORY == comfyui_value
 
 
@@ -151,7 +156,7 @@ def test_every_site_skipped_on_0364():
 def test_patch_contract_on_0270():
     with memx_on("0.27.0", pin_limit="12MiB") as mm:
         import comfy.pinned_memory as pm
-        patches = registry.patch_module("pinned_memory")
+        patches = registry.patch_of("pinned_memory")
         originals = {site: wrapping.original_of(mm, site) for site in SITES}
         wrappers = {site: getattr(mm, site) for site in SITES}
         assert all(wrappers[site] is not originals[site] for site in SITES)
@@ -167,7 +172,7 @@ def test_patch_contract_on_0270():
         assert all(getattr(mm, site).__wrapped__ is originals[site] for site in SITES)
         assert mm.MAX_PINNED_MEMORY == 12 * MiB and pinning.managing(mm)
 
-        dynamic = registry.patch_module("dynamic_pins")
+        dynamic = registry.patch_of("dynamic_pins")
         original_pin = wrapping.original_of(pm, "pin_memory")
         assert pm.pin_memory is not original_pin and pm.pin_memory.__wrapped__ is original_pin
         dynamic.unpatch(pm)
@@ -440,7 +445,7 @@ def test_host_scope_shares_the_cap_through_the_registry(tmp_path, monkeypatch):
         assert pinning.budget().scope == "host"
         entries = pinning.budget()._registry.entries()
         assert entries.get(os.getpid(), 0) >= 4 * MiB
-    from comfy_memx.pinbudget import HostRegistry
+    from comfy_memx.pins.budget import HostRegistry
     assert os.getpid() not in HostRegistry(str(tmp_path / "comfy_memx-pins.json")).entries()
 
 
@@ -463,7 +468,7 @@ def test_a_dead_model_leaves_the_budget():
 # --- doctor and late activation ----------------------------------------------------------------------------------
 
 def test_doctor_reports_host_memory_and_both_caps(monkeypatch, capsys):
-    from comfy_memx import doctor
+    from comfy_memx.cli import doctor
     host = hostmem.probe_host()
     report = doctor.collect(shape_root("0.27.0"), environ={"COMFY_MEMX_PIN_LIMIT": "30%"})
     assert report["ram_bytes"] == host.ram_total and report["swap_disk_bytes"] == host.swap_disk
@@ -485,7 +490,7 @@ def test_late_activation_counts_pins_made_before():
     try:
         early = torch.ones(256 * 1024)  # 1 MiB pinned while comfy_memx was not active
         assert mm.pin_memory(early) is True
-        runtime.reset()
+        STATE.reset()
         bootstrap("api", {"COMFY_MEMX_PIN_LIMIT": "3MiB", "COMFY_MEMX_RAISE_INTERNAL": "1"})
         assert mm.MAX_PINNED_MEMORY == 3 * MiB
         assert pinning.budget().stats()["pinned_bytes"] == MiB

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from comfy_memx import report
+from comfy_memx.cli import report
 
 OWNER = {"prompt_id": "p1", "node_id": "1", "class_type": "LeakyLoader", "package": "leaky_pack"}
 CORE = {"prompt_id": "p1", "node_id": "4", "class_type": "SimSampler", "package": "core"}
@@ -140,9 +140,3 @@ def test_the_launcher_runs_the_report_command(events_file):
     out = subprocess.run([sys.executable, "-m", "comfy_memx", "report", str(events_file)], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0 and "per package" in out.stdout
-
-
-@pytest.mark.parametrize("nbytes, text", [(None, "?"), (0, "0 B"), (1023, "1023 B"), (1536, "1.5 KiB"),
-                                          (5 * 2 ** 30, "5.0 GiB")])
-def test_human_bytes(nbytes, text):
-    assert report.human_bytes(nbytes) == text

@@ -12,7 +12,9 @@ import weakref
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from comfy_memx import freeing, metrics, routes
+from comfy_memx.surface import freeing
+from comfy_memx.surface import metrics
+from comfy_memx.surface import readmodel, routes
 from memx_helpers import install_pack, memx_on
 
 VERSIONS = ["0.3.64", "0.27.0"]
@@ -324,7 +326,7 @@ def test_empty_body_frees_everything(tmp_path):
 
 
 def test_routes_answer_an_error_json_when_the_search_or_the_metrics_fail(tmp_path, monkeypatch):
-    from comfy_memx import holders
+    from comfy_memx.leaks import holders
 
     def broken_search(*args, **kwargs):
         raise RuntimeError("search bug")
@@ -337,7 +339,7 @@ def test_routes_answer_an_error_json_when_the_search_or_the_metrics_fail(tmp_pat
         await comfy.run(leaky("b"))
         monkeypatch.setattr(holders, "find_holders", broken_search)
         free_status, receipt = await comfy.free()
-        monkeypatch.setattr(routes, "model_rows", broken_rows)
+        monkeypatch.setattr(readmodel, "model_rows", broken_rows)
         models_status, models_error = await comfy.get_json("/memx/models")
         metrics_response = await comfy.client.get("/metrics")
         metrics_status, metrics_error = metrics_response.status, await metrics_response.json()
@@ -425,7 +427,7 @@ def test_clip_cuts_strings_and_never_reprs_objects():
         def __repr__(self):
             raise AssertionError("repr called")
 
-    clipped = routes.clip({"k" * 400: ["v" * 400, Loud(), 1.5, float("inf"), None, True, (1, 2)]}, limit=10)
+    clipped = readmodel.clip({"k" * 400: ["v" * 400, Loud(), 1.5, float("inf"), None, True, (1, 2)]}, limit=10)
     [(key, value)] = clipped.items()
     assert key == "k" * 9 + "\u2026" and value == ["v" * 9 + "\u2026", "<Loud>", 1.5, None, None, True, [1, 2]]
 

@@ -11,7 +11,7 @@ import weakref
 
 import pytest
 
-from comfy_memx import leakwatch
+from comfy_memx.leaks import watch as leakwatch
 from fake_comfy.loader import shape_root
 from memx_helpers import memx_on, read_events
 
@@ -119,6 +119,7 @@ def import_pack(folder):
 def strict(request, tmp_path, caplog):
     caplog.set_level(logging.INFO)
     events = tmp_path / "events.jsonl"
+    (tmp_path / "graphs").mkdir()
     # a generous budget: these tests check what is found, not how fast (bench/leak.py measures speed)
     with memx_on(request.param, leak_mode="strict", events=events, leak_graph=tmp_path / "graphs",
                  leak_budget=20) as mm:

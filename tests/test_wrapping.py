@@ -4,8 +4,8 @@ import types
 
 import pytest
 
-from comfy_memx import wrapping
-from comfy_memx.errors import PatchSkipped
+from comfy_memx.core import wrapping
+from comfy_memx.core.errors import PatchSkipped
 
 
 def make_module():

@@ -1,0 +1,1 @@
+"""The demo world's stand-in for ComfyUI's ``comfy_execution`` package."""

@@ -1,0 +1,136 @@
+"""``python -m comfy_memx free [--url http://127.0.0.1:8188]``: free a running ComfyUI's models and print the receipt.
+
+Calls ``POST /memx/free`` (comfy_memx must be active in that server), which sets ComfyUI's own ``/free`` flags,
+waits until the prompt worker has unloaded the models, reset its caches and collected garbage, and answers what
+was freed, what is still loaded, and the survivors: models still in memory although ComfyUI no longer holds
+them, with the reference chains that keep them.  Exit status: 0 when everything was freed, 1 when survivors
+remain (or models are still loaded, or the worker did not finish within ``--timeout``), 2 when the server cannot
+be reached or does not serve ``/memx/free``.  Standard library only.
+"""
+
+import argparse
+import json
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+
+from comfy_memx.core.units import format_bytes
+
+DEFAULT_URL = "http://127.0.0.1:8188"
+SEARCH_ALLOWANCE_S = 60.0   # added to --timeout for the server's holder searches and the transfer
+UNREACHABLE = 2
+
+
+class Unreachable(Exception):
+    """The server did not answer /memx/free usefully; the message says why."""
+
+
+def free_url(base_url, timeout):
+    """The /memx/free URL of the server at ``base_url`` with the ``timeout`` query parameter."""
+    parts = urllib.parse.urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"--url must look like {DEFAULT_URL}, got {base_url!r}")
+    path = parts.path.rstrip("/") + "/memx/free"
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, f"timeout={timeout:g}", ""))
+
+
+def request_free(base_url, timeout, free_memory=True):
+    """POST /memx/free and return ``(http status, receipt dict)``; raises :class:`Unreachable`."""
+    url = free_url(base_url, timeout)
+    body = json.dumps({"unload_models": True, "free_memory": free_memory}).encode("utf-8")
+    request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout + SEARCH_ALLOWANCE_S) as response:
+            status, raw = response.status, response.read()
+    except urllib.error.HTTPError as error:
+        status, raw = error.code, error.read()
+        if status == 404:
+            raise Unreachable(f"{url} answered 404: comfy_memx is not active in that ComfyUI "
+                              "(start it with python -m comfy_memx main.py, or COMFY_MEMX=1)") from None
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        raise Unreachable(f"cannot reach {url}: {reason}") from None
+    try:
+        receipt = json.loads(raw.decode("utf-8", "replace"))
+    except ValueError:
+        raise Unreachable(f"{url} answered {status} with something that is not JSON") from None
+    if status not in (200, 202) or not isinstance(receipt, dict) or "survivors" not in receipt:
+        message = receipt.get("message") if isinstance(receipt, dict) else None
+        raise Unreachable(f"{url} answered {status}: {message or receipt}")
+    return status, receipt
+
+
+def exit_status(receipt):
+    """0 when the worker finished and nothing survived or stayed loaded, else 1."""
+    clean = receipt.get("status") == "done" and not receipt.get("survivors") and not receipt.get("still_loaded")
+    return 0 if clean else 1
+
+
+def format_receipt(receipt):
+    """The receipt as text lines."""
+    lines = []
+    if receipt.get("status") != "done":
+        lines.append(f"not finished: {receipt.get('note') or 'the prompt worker did not finish freeing in time'}")
+    freed = receipt.get("freed") or []
+    lines.append(f"freed {len(freed)} model(s): {format_bytes(receipt.get('freed_bytes'))} unloaded from devices, "
+                 f"{format_bytes(receipt.get('released_bytes'))} released")
+    for row in freed:
+        released = "released" if row.get("released") else "still in RAM"
+        lines.append(f"  {row.get('model_id')} ({row.get('model')})  {format_bytes(row.get('unloaded_bytes'))} "
+                     f"unloaded from {row.get('device')}, {released}{_owner_text(row.get('owner'))}")
+    still = receipt.get("still_loaded") or []
+    lines.append(f"still loaded: {len(still)} model(s)")
+    for row in still:
+        lines.append(f"  {row.get('model_id')} ({row.get('model')})  {format_bytes(row.get('loaded_bytes'))} "
+                     f"on {row.get('device')}")
+    survivors = receipt.get("survivors") or []
+    if not survivors:
+        lines.append("survivors: none")
+    else:
+        lines.append(f"survivors: {len(survivors)} model(s), {format_bytes(receipt.get('survivor_bytes'))} still "
+                     "alive although ComfyUI no longer holds them")
+    for row in survivors:
+        lines.append(f"  {row.get('model_id')} ({row.get('model')})  {format_bytes(row.get('bytes'))}, "
+                     f"{row.get('reason')}{_owner_text(row.get('owner'))}")
+        search = row.get("search") or {}
+        if search.get("error"):
+            lines.append(f"    holder search failed: {search['error']}")
+        elif row.get("holders") is None:
+            lines.append("    holders not searched")
+        for chain in row.get("holders") or []:
+            lines.append(f"    held by {chain.get('path')}  [package {chain.get('package')}, {chain.get('root_kind')}]")
+        if row.get("holders") == [] and not search.get("error"):
+            lines.append(f"    no holder found{': ' + search['note'] if search.get('note') else ''}")
+    return lines
+
+
+def _owner_text(owner):
+    if not isinstance(owner, dict):
+        return ""
+    parts = []
+    if owner.get("node_id") is not None:
+        parts.append(f"node {owner['node_id']} ({owner.get('class_type') or '?'})")
+    parts.append(f"package {owner.get('package') or '?'}")
+    return "; loaded by " + ", ".join(parts)
+
+
+def main(argv):
+    """Entry point of ``python -m comfy_memx free``; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m comfy_memx free", description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default=DEFAULT_URL, help=f"the ComfyUI server (default {DEFAULT_URL})")
+    parser.add_argument("--timeout", type=float, default=60.0,
+                        help="seconds the server waits for the prompt worker (a running prompt delays it)")
+    parser.add_argument("--unload-only", action="store_true",
+                        help="only unload models (ComfyUI keeps its cached node outputs); default: also free_memory")
+    parser.add_argument("--json", action="store_true", help="print the receipt as JSON")
+    args = parser.parse_args(argv)
+    if not 0 <= args.timeout <= 3600:
+        parser.error("--timeout must be between 0 and 3600 seconds")
+    try:
+        _, receipt = request_free(args.url, args.timeout, free_memory=not args.unload_only)
+    except (Unreachable, ValueError) as exc:
+        print(f"comfy_memx free: {exc}", file=sys.stderr)
+        return UNREACHABLE
+    print(json.dumps(receipt, indent=2) if args.json else "\n".join(format_receipt(receipt)))
+    return exit_status(receipt)

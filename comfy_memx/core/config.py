@@ -1,0 +1,185 @@
+"""Every comfy_memx setting, read once from ``COMFY_MEMX_*`` environment variables into a frozen :class:`Config`.
+
+This is the only module that reads comfy_memx settings from the environment.  Each launcher option is the same
+setting (``--leak-mode strict`` is ``COMFY_MEMX_LEAK_MODE=strict``): the launcher writes its options into the
+environment and this module parses them, so every entry point behaves the same.  Bad values raise
+:class:`~comfy_memx.core.errors.ConfigError` naming the variable and the accepted values; unknown ``COMFY_MEMX_*`` names
+are returned as warnings (typo guard).
+"""
+
+import dataclasses
+import math
+import os
+
+from comfy_memx.core.discovery import patch_names
+from comfy_memx.core.errors import ConfigError
+from comfy_memx.pins.cap import ACCEPTED_FORMS as PIN_LIMIT_FORMS, check_form as check_pin_limit_form
+
+PREFIX = "COMFY_MEMX"
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off", "")
+LEAK_MODES = ("off", "report", "strict")
+
+
+PATCH_NAMES = patch_names()
+PIN_SCOPES = ("process", "host")
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One environment variable: its parser, default, the words shown when a value is rejected, and its doc line."""
+    env: str
+    field: str
+    parse: object
+    default: object
+    accepted: str
+    doc: str
+    option: bool = True  # whether the launcher offers it as --<name>
+
+    @property
+    def flag(self):
+        """The launcher option for this setting: ``COMFY_MEMX_LEAK_MODE`` -> ``--leak-mode``."""
+        return "--" + self.env[len(PREFIX) + 1:].lower().replace("_", "-")
+
+    def rejected(self, raw, why):
+        """The error message for value ``raw``: the variable, the value, why, and the launcher option if any."""
+        option = f" (launcher option {self.flag})" if self.option else ""
+        return f"{self.env}={raw!r} {why}{option}"
+
+
+def _bool(text):
+    word = text.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise ValueError(text)
+
+
+def _choice(words):
+    def parse(text):
+        word = text.strip().lower()
+        if word not in words:
+            raise ValueError(text)
+        return word
+    return parse
+
+
+class Unusable(ValueError):
+    """A value of the right form that cannot be used here (a folder that does not exist); says why."""
+
+
+def _absolute(text):
+    text = text.strip()
+    return os.path.abspath(os.path.expanduser(text)) if text else None
+
+
+def _writable_folder(folder):
+    if not os.path.isdir(folder):
+        raise Unusable(f"the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise Unusable(f"the folder {folder} is not writable")
+
+
+def _events_file(text):
+    path = _absolute(text)
+    if path is None:
+        return None
+    if os.path.isdir(path):
+        raise Unusable(f"{path} is a folder, not a file")
+    _writable_folder(os.path.dirname(path))
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise Unusable(f"the file {path} is not writable")
+    return path
+
+
+def _graph_folder(text):
+    path = _absolute(text)
+    if path is not None:
+        _writable_folder(path)
+    return path
+
+
+def _patch_list(text):
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    for name in names:
+        if name not in PATCH_NAMES:
+            raise ValueError(text)
+    return names
+
+
+def _pin_limit(text):
+    try:
+        check_pin_limit_form(text)  # the form only: the cap is resolved against the host when pinning starts
+    except ConfigError:
+        raise ValueError(text) from None
+    return text.strip()
+
+
+def _positive_seconds(text):
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(text)
+    return value
+
+
+SETTINGS = (
+    Setting("COMFY_MEMX", "active", _bool, False, "1/true/yes/on or 0/false/no/off",
+            "Activate comfy_memx in any ComfyUI start command (interpreter-startup hook).", option=False),
+    Setting("COMFY_MEMX_LEAK_MODE", "leak_mode", _choice(LEAK_MODES), "report", ", ".join(LEAK_MODES),
+            "off: no leak reporting; report: name the owner of a leaked model after ComfyUI's warning; "
+            "strict: also find and name the objects that hold it."),
+    Setting("COMFY_MEMX_EVENTS", "events", _events_file, None, "a file path in a writable folder (unset: no log)",
+            "Append one JSON object per line for every load, unload and leak (see Events)."),
+    Setting("COMFY_MEMX_DISABLE", "disable", _patch_list, (), "comma list of " + ", ".join(PATCH_NAMES),
+            "Patches to skip."),
+    Setting("COMFY_MEMX_LEAK_BUDGET", "leak_budget", _positive_seconds, 2.0, "seconds > 0",
+            "Time budget of one strict-mode holder search."),
+    Setting("COMFY_MEMX_LEAK_GRAPH", "leak_graph", _graph_folder, None, "a writable folder (unset: none)",
+            "Strict mode: write a Graphviz .dot file per leak there (and a PNG when a `dot` binary exists)."),
+    Setting("COMFY_MEMX_LEAK_FAIL", "leak_fail", _bool, False, "1/true/yes/on or 0/false/no/off",
+            "Launcher: exit with status 3 at shutdown if a rooted leak was found (for custom-node CI)."),
+    Setting("COMFY_MEMX_PIN_LIMIT", "pin_limit", _pin_limit, "auto", PIN_LIMIT_FORMS,
+            "Cap on pinned host memory; auto = 40 % of RAM on Windows, else max(40 % RAM, min(90 % RAM, RAM - 4 GiB, "
+            "RAM + disk swap - 16 GiB)), with RAM clamped to the cgroup limit."),
+    Setting("COMFY_MEMX_PIN_SCOPE", "pin_scope", _choice(PIN_SCOPES), "process", ", ".join(PIN_SCOPES),
+            "process: the cap is per ComfyUI process; host: all ComfyUI processes of this user share it."),
+    Setting("COMFY_MEMX_RAISE_INTERNAL", "raise_internal", _bool, False, "1/true/yes/on or 0/false/no/off",
+            "Re-raise comfy_memx's own internal errors instead of logging them (for tests and development).",
+            option=False),
+)
+
+Config = dataclasses.make_dataclass(
+    "Config", [(s.field, object, dataclasses.field(default=s.default)) for s in SETTINGS] + [
+        ("warnings", tuple, dataclasses.field(default=()))],
+    frozen=True, namespace={
+        "__doc__": "The parsed, immutable comfy_memx settings; ``warnings`` holds typo-guard messages.",
+        "as_dict": lambda self: {s.field: getattr(self, s.field) for s in SETTINGS},
+    })
+
+
+def parse(environ=None):
+    """Parse ``COMFY_MEMX*`` variables from ``environ`` (default ``os.environ``) into a :class:`Config`.
+
+    Raises :class:`ConfigError` on the first bad value, naming the variable and the accepted values.
+    """
+    environ = os.environ if environ is None else environ
+    values = {}
+    for setting in SETTINGS:
+        raw = environ.get(setting.env)
+        if raw is None:
+            continue
+        try:
+            values[setting.field] = setting.parse(raw)
+        except Unusable as exc:
+            raise ConfigError(setting.rejected(raw, f"cannot be used: {exc}")) from None
+        except (ValueError, TypeError):
+            raise ConfigError(setting.rejected(raw, f"is not valid; accepted: {setting.accepted}")) from None
+    known = {s.env for s in SETTINGS}
+    unknown = sorted(k for k in environ if k.startswith(PREFIX + "_") and k not in known)
+    values["warnings"] = tuple(
+        f"unknown setting {name} ignored (known: {', '.join(sorted(known))})" for name in unknown)
+    return Config(**values)
+
+
+DEFAULT = Config()

@@ -1,0 +1,51 @@
+"""Which patch modules this installation has: the ``.py`` files of ``comfy_memx.patches``, found without importing.
+
+Discovery must never silently find nothing: an installation that lost its patch modules (a wheel built without
+them, a checkout whose ``comfy_memx/patches`` link is broken) would otherwise run ComfyUI unpatched and say nothing.
+:func:`require_patches` turns that into a :class:`~comfy_memx.core.errors.SetupError` naming the cause; the
+bootstrap calls it, so the launcher exits 2 and ``COMFY_MEMX=1`` logs one ERROR.
+"""
+
+import importlib.util
+import os
+
+from comfy_memx.core.errors import SetupError
+
+PACKAGE = "comfy_memx.patches"
+FIRST = "model_management"  # applied first: the other patches build on its ledger and reason scopes
+
+
+def patches_dirs():
+    """The folders of ``comfy_memx.patches`` ([] when the package itself cannot be found)."""
+    try:
+        spec = importlib.util.find_spec(PACKAGE)
+    except (ImportError, ValueError):
+        return []
+    return [folder for folder in (spec.submodule_search_locations or []) if os.path.isdir(folder)] if spec else []
+
+
+def patch_names(folders=None):
+    """Names of the patch modules (``model_management`` first, then alphabetical); private ``_*`` files excluded."""
+    names = set()
+    for folder in patches_dirs() if folders is None else folders:
+        try:
+            entries = os.listdir(folder)
+        except OSError:
+            continue
+        names.update(name[:-3] for name in entries if name.endswith(".py") and not name.startswith("_"))
+    return tuple(sorted(names, key=lambda name: (name != FIRST, name)))
+
+
+def require_patches(names):
+    """Raise :class:`SetupError` naming the cause when ``names`` (from :func:`patch_names`) is empty."""
+    if names:
+        return
+    folders = patches_dirs()
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if folders:
+        where = f"{PACKAGE} at {', '.join(folders)} holds no patch module"
+    else:
+        where = f"{PACKAGE} is missing from {here}"
+    raise SetupError(f"{where}: this comfy_memx installation is incomplete (reinstall it with `pip install "
+                     f"comfy_memx` or `pip install .` from a complete checkout; in a checkout, comfy_memx/patches "
+                     f"must be the link to ../patches)")

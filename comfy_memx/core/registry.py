@@ -1,0 +1,131 @@
+"""Which patch modules exist, arming them on their ComfyUI targets, and what was patched or skipped (and why).
+
+Each patch applies on its own: a missing site is skipped with its reason and the others still apply (ddtrace's
+``_monkey``).  The one startup line is logged when ``server`` finished importing: main.py imports it right after
+``comfy.utils`` and ``execution`` (which pull in ``comfy.model_management``, ``nodes`` and, from 0.27.0,
+``comfy.pinned_memory``), so every site is settled by then; a target still not imported is listed as skipped.
+Programs that never import ``server`` get the line at their first model load instead.
+"""
+
+import functools
+import importlib
+import logging
+import sys
+
+from comfy_memx.core import importhook
+from comfy_memx.core.config import PATCH_NAMES
+from comfy_memx.core.errors import PatchSkipped, internal_error
+from comfy_memx.core.state import STATE
+
+log = logging.getLogger("comfy_memx")
+ANNOUNCE_AFTER = "server"
+
+
+class PatchTable:
+    """What happened to every patch site in this process (a part of the process state)."""
+
+    def __init__(self):
+        self.status = {}     # (patch name, site) -> (state, reason)
+        self.armed = {}      # patch name -> target module name, for patches whose target is not imported yet
+        self.announced = False
+
+
+def table():
+    """This process's :class:`PatchTable`."""
+    return STATE.part(PatchTable)
+
+
+def patch_of(name):
+    """The ``PATCH`` object of ``comfy_memx.patches.<name>`` (importing it imports no ComfyUI or torch module)."""
+    return importlib.import_module(f"comfy_memx.patches.{name}").PATCH
+
+
+def arm(cfg):
+    """Register post-import hooks for every enabled patch (applied at once if the target is already imported)."""
+    patches = table()
+    for name in PATCH_NAMES:
+        patch = patch_of(name)
+        if name in cfg.disable:
+            for site in patch.sites:
+                patches.status[(name, site)] = ("skipped", "disabled by COMFY_MEMX_DISABLE")
+            continue
+        patches.armed[name] = patch.target
+        importhook.when_imported(patch.target, functools.partial(apply, name))
+    importhook.when_imported(ANNOUNCE_AFTER, lambda _module: announce())
+
+
+def apply(name, module):
+    """Patch ``module`` with patch ``name`` and record each site's result."""
+    patch = patch_of(name)
+    patches = table()
+    patches.armed.pop(name, None)
+    for site, result in patch.patch(module).items():
+        if isinstance(result, PatchSkipped):
+            patches.status[(name, site)] = ("skipped", str(result))
+            log.debug("comfy_memx: skipped %s (%s)", site, result)
+        else:
+            patches.status[(name, site)] = ("patched", None)
+    try:
+        patch.adopt(module)
+    except Exception as exc:
+        internal_error(f"adopting existing state of {name}", exc)
+
+
+def remove_all():
+    """Unpatch every applied patch whose target is imported, and drop pending hooks."""
+    importhook.discard()
+    patches = table()
+    patches.armed.clear()
+    for name in PATCH_NAMES:
+        patch = patch_of(name)
+        module = sys.modules.get(patch.target)
+        if module is not None:
+            patch.unpatch(module)
+    patches.status.clear()
+
+
+def is_patched(name, site):
+    """True when site ``site`` of patch ``name`` is applied in this process."""
+    return table().status.get((name, site), (None,))[0] == "patched"
+
+
+def _ordered_status():
+    order = {name: i for i, name in enumerate(PATCH_NAMES)}
+    return sorted(table().status.items(), key=lambda item: order.get(item[0][0], len(order)))
+
+
+def site_status():
+    """[{"patch", "site", "state", "reason"}] for every site seen so far, in patch order."""
+    return [{"patch": name, "site": site, "state": state, "reason": reason}
+            for (name, site), (state, reason) in _ordered_status()]
+
+
+def _label(name, site):
+    """A site as shown to users: model_management's sites bare, the others prefixed with their module."""
+    target = patch_of(name).target
+    return site if target == "comfy.model_management" else f"{target}.{site}"
+
+
+def startup_line(version, source, leak_mode):
+    """The one INFO line logged when comfy_memx is active; skipped sites are grouped by reason."""
+    patched = [_label(name, site) for (name, site), (state, _) in _ordered_status() if state == "patched"]
+    skipped = {}
+    for (name, site), (state, reason) in _ordered_status():
+        if state == "skipped":
+            skipped.setdefault(reason, []).append(_label(name, site))
+    for name, target in table().armed.items():
+        skipped.setdefault(f"{target} not imported", []).extend(_label(name, site) for site in patch_of(name).sites)
+    line = f"comfy_memx {version} active ({source}, leak mode {leak_mode}): patched {', '.join(patched) or 'nothing'}"
+    if skipped:
+        line += "; skipped " + "; ".join(f"{', '.join(sites)} ({reason})" for reason, sites in skipped.items())
+    return line
+
+
+def announce(force=False):
+    """Log the startup line once."""
+    patches = table()
+    if patches.announced and not force:
+        return
+    patches.announced = True
+    from comfy_memx import __version__
+    log.info(startup_line(__version__, STATE.source, STATE.config.leak_mode))

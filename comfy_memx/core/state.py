@@ -1,0 +1,67 @@
+"""The one process-state object of comfy_memx: everything it remembers in this process, and one ``reset()``.
+
+Kept in its own module (never in ``__main__``) so that the launcher, the startup hook and the patches all see one
+copy.  The fields every wrapper reads on ComfyUI's hot paths are plain attributes (``config``, ``ledger``,
+``events``, ``publish_loads``); each feature keeps the rest of its state in a *part*, an object of its own class
+created on first use by :meth:`ProcessState.part` and dropped (after its ``close()``, if it has one) by
+:meth:`ProcessState.reset`.  So core code never imports the features, and a test resets all of comfy_memx with
+one call.
+"""
+
+from comfy_memx.core import errors, importhook
+from comfy_memx.core.config import DEFAULT
+from comfy_memx.core.events import EventLog
+from comfy_memx.ledger.records import Ledger
+
+
+class ProcessState:
+    """comfy_memx's state in this process; see the module docstring.  Use the :data:`STATE` instance."""
+
+    def __init__(self):
+        self.errors = errors.POLICY
+        self._parts = {}
+        self._initialize()
+
+    def _initialize(self):
+        self.config = DEFAULT
+        self.source = None           # "launcher", "env", "auto", "api" or "demo" once bootstrapped
+        self.ledger = Ledger()
+        self.events = EventLog()
+        self.publish_loads = False   # load_models_gpu publishes LoadCalls (only the pin budget needs them)
+        self.free_request_hooks = []  # callables(phase) told when the worker starts and ends a /free unload
+
+    def configure(self, cfg, activation_source):
+        """Install ``cfg`` as the active config and open the event log it names."""
+        self.events.close()
+        self.config = cfg
+        self.source = activation_source
+        self.events = EventLog(cfg.events)
+        self.errors.raise_internal = self.errors.raise_internal or cfg.raise_internal
+
+    def part(self, cls):
+        """This process's instance of the feature-state class ``cls`` (created with ``cls()`` on first use)."""
+        try:
+            return self._parts[cls]
+        except KeyError:
+            return self._parts.setdefault(cls, cls())
+
+    def existing_part(self, cls):
+        """This process's instance of ``cls`` if one was created, else None (never creates one)."""
+        return self._parts.get(cls)
+
+    def reset(self):
+        """Forget everything: close every part, drop pending import hooks, inactive default config, empty ledger,
+        no event log, production error policy.  Patches already applied stay (``registry.remove_all`` undoes them).
+        """
+        parts, self._parts = list(self._parts.values()), {}
+        for part in parts:
+            close = getattr(part, "close", None)
+            if close is not None:
+                close()
+        importhook.discard()
+        self.events.close()
+        self.errors.reset()
+        self._initialize()
+
+
+STATE = ProcessState()

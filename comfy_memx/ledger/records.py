@@ -1,0 +1,134 @@
+"""The ownership ledger: one record per torch module ComfyUI loaded, held by weakref only.
+
+comfy_memx must never be the reason a model stays in memory, so a record keeps a ``weakref.ref`` to the module and
+``{id: weakref}`` of the ModelPatchers seen with it, and is dropped once the module is collected.  Records carry
+identity (class name, a stable ``model_id``), the owner at load time, resident bytes, the last unloads and the leak
+state; they never hold tensors, patchers or the module.
+
+Lock rule (see README, "Threads and locks"): a weakref callback can run inside any allocation, on any thread, while
+that thread holds whatever lock it holds.  So the callbacks here take no lock: a module's death only appends to a
+deque (atomic), and the entries are purged by the next :meth:`Ledger.record_for` or :meth:`Ledger.records`, under a
+lock that no callback ever takes.
+"""
+
+import collections
+import itertools
+import threading
+import time
+import weakref
+
+from comfy_memx.ledger.attribution import Owner
+
+UNLOADS_KEPT = 16
+
+
+class ModelRecord:
+    """What comfy_memx knows about one torch module."""
+    __slots__ = ("model_id", "model", "module_ref", "patcher_id", "model_bytes", "device", "owner", "loaded_bytes",
+                 "loaded_at", "last_used", "loads", "unloads", "patchers", "leak", "__weakref__")
+
+    def __init__(self, model_id, module_ref, class_name):
+        self.model_id = model_id
+        self.model = class_name
+        self.module_ref = module_ref
+        self.patcher_id = None
+        self.model_bytes = 0
+        self.device = None
+        self.owner = Owner()
+        self.loaded_bytes = 0
+        self.loaded_at = None
+        self.last_used = None
+        self.loads = 0
+        self.unloads = collections.deque(maxlen=UNLOADS_KEPT)
+        self.patchers = {}  # id(patcher) -> weakref.ref(patcher), pruned when a patcher dies
+        self.leak = None    # None, or the leak state kept by comfy_memx.leaks.watch (a plain dict)
+
+    @property
+    def alive(self):
+        """True while the torch module exists."""
+        return self.module_ref() is not None
+
+    def add_patcher(self, patcher):
+        """Remember (weakly) a ModelPatcher seen with this module."""
+        key = id(patcher)
+        if key not in self.patchers:
+            patchers = self.patchers
+            self.patchers[key] = weakref.ref(patcher, lambda _dead: patchers.pop(key, None))
+
+    def live_patchers(self):
+        """How many ModelPatchers seen by comfy_memx still reference this module (ComfyUI's own holders)."""
+        module = self.module_ref()
+        count = 0
+        for ref in list(self.patchers.values()):
+            patcher = ref()
+            if patcher is not None and getattr(patcher, "model", None) is module:
+                count += 1
+        return count
+
+    def live_patcher(self):
+        """One ModelPatcher seen with this module that still refers to it, or None."""
+        module = self.module_ref()
+        for ref in list(self.patchers.values()):
+            patcher = ref()
+            if patcher is not None and getattr(patcher, "model", None) is module:
+                return patcher
+        return None
+
+    def touch(self):
+        """Mark the model as used now."""
+        self.last_used = time.time()
+
+
+class Ledger:
+    """All :class:`ModelRecord` objects of this process, keyed by the module's id while the module lives."""
+
+    def __init__(self):
+        self._records = {}
+        self._dead = collections.deque()  # (key, dead weakref) appended by weakref callbacks, purged under _lock
+        self._lock = threading.Lock()     # never taken by a callback: see the module docstring
+        self._numbers = collections.defaultdict(itertools.count)
+
+    def record_for(self, module):
+        """The record of ``module``, created on first sight (stable ``model_id`` = class name + '#' + number)."""
+        key = id(module)
+        record = self._records.get(key)
+        if record is not None and record.module_ref() is module:
+            return record
+        with self._lock:
+            self._purge()
+            record = self._records.get(key)
+            if record is not None and record.module_ref() is module:
+                return record
+            class_name = type(module).__name__
+            dead = self._dead
+            ref = weakref.ref(module, lambda dead_ref, key=key: dead.append((key, dead_ref)))
+            record = ModelRecord(f"{class_name}#{next(self._numbers[class_name]) + 1}", ref, class_name)
+            self._records[key] = record
+            return record
+
+    def find(self, module):
+        """The record of ``module`` or None; never creates one."""
+        record = self._records.get(id(module))
+        return record if record is not None and record.module_ref() is module else None
+
+    def records(self):
+        """A snapshot list of the records of live modules, most recently used first."""
+        if self._dead:
+            with self._lock:
+                self._purge()
+        records = [r for r in list(self._records.values()) if r.alive]
+        return sorted(records, key=lambda r: r.last_used or 0, reverse=True)
+
+    def containers(self):
+        """The ledger's own containers, for holder searches to ignore."""
+        return [self._records, self]
+
+    def _purge(self):
+        while self._dead:
+            key, dead_ref = self._dead.popleft()
+            record = self._records.get(key)
+            if record is not None and record.module_ref is dead_ref:
+                del self._records[key]
+
+    def __len__(self):
+        return sum(1 for r in list(self._records.values()) if r.alive)

@@ -1,0 +1,156 @@
+"""The read-model of comfy_memx's production surface: what ``/memx/models``, the metrics and the receipts show.
+
+Plain functions over the ledger and ComfyUI's own figures (attribute reads only, no heap walk), shared by
+``routes``, ``metrics`` and ``freeing`` so that each surface shows the same numbers.  Answers hold names and
+numbers, never objects: :func:`clip` turns anything into JSON-safe builtins with every string cut to
+:data:`MAX_TEXT` characters, and never calls an object's ``repr``.
+"""
+
+import math
+import sys
+
+from comfy_memx.core.state import STATE
+from comfy_memx.pins import session as pin_session
+
+MAX_TEXT = 300
+
+
+def clip(value, limit=MAX_TEXT):
+    """``value`` as JSON-safe builtins with every string cut to ``limit`` characters; no ``repr`` of objects."""
+    if isinstance(value, str):
+        return value if len(value) <= limit else value[:limit - 1] + "\u2026"
+    if value is None or isinstance(value, (bool, int)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {clip(key if isinstance(key, str) else str(key), limit): clip(item, limit)
+                for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clip(item, limit) for item in value]
+    return f"<{type(value).__name__}>"
+
+
+def model_rows(model_management=None):
+    """One dict per live model in the ledger: identity, bytes by device, pinned bytes, owner, times, leak state.
+
+    ``state`` is ``loaded`` (weights on the load device), ``offloaded`` (a ModelPatcher still refers to it) or
+    ``leaked`` (ComfyUI warned about it, or no ModelPatcher refers to it any more).  Attribute reads only.
+    """
+    mm = model_management if model_management is not None else sys.modules.get("comfy.model_management")
+    listed = _listed_modules(mm)
+    rows = []
+    for record in STATE.ledger.records():
+        module = record.module_ref()
+        if module is None:
+            continue
+        row = _row(record, module, mm, listed)
+        del module
+        rows.append(row)
+    return rows
+
+
+def _listed_modules(mm):
+    listed = set()
+    for entry in list(getattr(mm, "current_loaded_models", ()) if mm is not None else ()):
+        module = entry.real_model() if entry.real_model is not None else None
+        if module is not None and entry.model is not None:
+            listed.add(id(module))
+        del module
+    return listed
+
+
+def _row(record, module, mm, listed):
+    patcher = record.live_patcher()
+    if patcher is not None:
+        loaded = int(patcher.loaded_size() or 0)
+        size = int(record.model_bytes or patcher.model_size() or 0)
+        load_device, offload_device = str(patcher.load_device), str(patcher.offload_device)
+    else:
+        loaded = int(getattr(module, "model_loaded_weight_memory", 0) or 0)
+        size = int(record.model_bytes or 0)
+        load_device, offload_device = str(record.device), _parameter_device(module)
+    by_device = {}
+    for device, nbytes in ((load_device, loaded), (offload_device, size - loaded)):
+        if nbytes > 0:
+            by_device[device] = by_device.get(device, 0) + nbytes
+    if record.leak is not None or patcher is None:
+        state = "leaked"
+    else:
+        state = "loaded" if loaded > 0 else "offloaded"
+    last = record.unloads[-1] if record.unloads else None
+    return {"model": record.model, "model_id": record.model_id, "state": state, "bytes": size,
+            "loaded_bytes": loaded, "load_device": load_device, "bytes_by_device": by_device,
+            "pinned_bytes": _pinned_bytes(record, patcher, mm), "owner": record.owner._asdict(),
+            "loaded_at": record.loaded_at, "last_used": record.last_used, "loads": record.loads,
+            "unloads": len(record.unloads),
+            "last_unload": {k: last[k] for k in ("reason", "bytes", "time")} if last else None,
+            "in_comfyui_loaded_list": id(module) in listed, "leak": record.leak}
+
+
+def _parameter_device(module):
+    parameters = getattr(module, "parameters", None)
+    try:
+        first = next(iter(parameters()), None) if parameters is not None else None
+    except Exception:
+        first = None
+    return str(first.device) if first is not None else "unknown"
+
+
+def _pinned_bytes(record, patcher, mm):
+    budget = pin_session.budget()
+    if budget is not None:
+        return int(budget.pinned(record.model_id))
+    if patcher is None:
+        return 0
+    total = 0
+    try:
+        total += int(patcher.pinned_memory_size() or 0) if hasattr(patcher, "pinned_memory_size") else 0
+    except Exception:  # a dynamic patcher without pins for its device raises inside ComfyUI's accessor
+        pass
+    table = getattr(mm, "PINNED_MEMORY", None)
+    if table:
+        for key in list(getattr(patcher, "pinned", ()) or ()):
+            weight = _attribute_path(patcher.model, key)
+            pointer = getattr(weight, "data_ptr", None)
+            if pointer is not None:
+                total += int(table.get(pointer(), 0))
+    return total
+
+
+def _attribute_path(obj, dotted):
+    for part in dotted.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def pin_facts(model_management=None):
+    """``{"pinned_bytes", "cap_bytes", "comfyui_cap_bytes"}``: pinned host memory now, comfy_memx's cap in force
+    (None when comfy_memx does not budget pins) and ComfyUI's own ``MAX_PINNED_MEMORY`` (None before 0.27.0)."""
+    mm = model_management if model_management is not None else sys.modules.get("comfy.model_management")
+    cap = pin_session.cap()
+    comfyui_cap = pin_session.comfyui_max()
+    if comfyui_cap is None and mm is not None:
+        comfyui_cap = getattr(mm, "MAX_PINNED_MEMORY", None)
+    pinned = getattr(mm, "TOTAL_PINNED_MEMORY", 0) if mm is not None else 0
+    return {"pinned_bytes": int(pinned or 0), "cap_bytes": cap.bytes if cap is not None else None,
+            "comfyui_cap_bytes": int(comfyui_cap) if comfyui_cap is not None else None}
+
+
+def still_loaded(model_management=None):
+    """[{model, model_id, loaded_bytes, device}] of what ComfyUI's ``current_loaded_models`` holds with a patcher."""
+    mm = model_management if model_management is not None else sys.modules.get("comfy.model_management")
+    rows = []
+    if mm is None:
+        return rows
+    for entry in list(getattr(mm, "current_loaded_models", ())):
+        patcher = entry.model
+        module = entry.real_model() if entry.real_model is not None else None
+        if patcher is not None and module is not None:
+            record = STATE.ledger.record_for(module)
+            rows.append({"model": record.model, "model_id": record.model_id,
+                         "loaded_bytes": int(patcher.loaded_size()), "device": str(getattr(entry, "device", None))})
+        del patcher, module
+    return rows

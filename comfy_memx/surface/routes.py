@@ -1,0 +1,221 @@
+"""comfy_memx's HTTP routes on ComfyUI's own PromptServer: ``/memx/models``, ``/memx/free`` and the metrics.
+
+=====================  ======  ==================================================================================
+route                  method  answer
+=====================  ======  ==================================================================================
+``/memx/models``       GET     JSON list: one object per model in the ledger (loaded, offloaded or leaked)
+``/memx/free``         POST    ComfyUI's ``/free`` body; waits for the prompt worker, then the receipt (200), or
+                               what is known when ``?timeout=`` seconds (default 60) passed first (202)
+``/metrics``           GET     Prometheus text (``surface.metrics``); only when no other extension serves it
+``/memx/metrics``      GET     the same, always
+=====================  ======  ==================================================================================
+
+ComfyUI also serves each of them under ``/api``.  Apart from ``/memx/free`` they only read state; none accepts a
+file path; answers hold names and numbers, never tensors (``readmodel.clip``: strings cut to 300 characters,
+objects that are not JSON values shown as ``<TypeName>``, never through their ``repr``).  A failing handler answers
+an error JSON (``{"error", "message"}``) and the server keeps serving.  aiohttp is imported by :func:`register`
+only.
+"""
+
+import asyncio
+import json
+import logging
+import math
+
+from comfy_memx.core import registry
+from comfy_memx.core.errors import internal_error
+from comfy_memx.surface import freeing, metrics, readmodel
+
+log = logging.getLogger("comfy_memx")
+
+DEFAULT_TIMEOUT_S = 60.0
+MAX_TIMEOUT_S = 3600.0
+NUDGE_S = 0.5            # while the worker has not started on the flags, they are set again this often
+METRICS_PATH = "/metrics"
+OWN_METRICS_PATH = "/memx/metrics"
+FREE_ALL = {"unload_models": True, "free_memory": True}
+_REGISTERED = "_comfy_memx_routes"
+
+
+class HttpError(Exception):
+    """A request the route refuses: ``status`` and a message for the error JSON."""
+
+    def __init__(self, status, kind, message):
+        super().__init__(message)
+        self.status, self.kind = status, kind
+
+
+def can_observe_worker():
+    """True when the ``unload_all_models`` wrapper that announces /free work to :mod:`comfy_memx.freeing` is on."""
+    return registry.is_patched("model_management", "unload_all_models")
+
+
+# -- the handlers --------------------------------------------------------------------------------------------------
+
+class Handlers:
+    """The route handlers of one PromptServer (they need its ``prompt_queue``)."""
+
+    def __init__(self, server):
+        self.server = server
+
+    async def models(self, request):
+        """GET /memx/models."""
+        loop = asyncio.get_running_loop()
+        rows = await loop.run_in_executor(None, readmodel.model_rows)
+        return _json(rows)
+
+    async def free(self, request):
+        """POST /memx/free: set ComfyUI's free flags, wait for the worker, answer the receipt."""
+        body = await _free_body(request)
+        timeout = _timeout(request)
+        unload_models, free_memory = bool(body.get("unload_models", False)), bool(body.get("free_memory", False))
+        if not (unload_models or free_memory):
+            raise HttpError(400, "nothing_to_free", 'set "unload_models" and/or "free_memory" to true')
+        queue = self.server.prompt_queue
+        observable = can_observe_worker()
+        watch = freeing.begin(unload_models=unload_models, free_memory=free_memory)
+        try:
+            running = freeing.prompt_running(queue)
+            freeing.set_flags(watch, queue)
+            done = await _wait_done(watch, queue, timeout) if observable else False
+            loop = asyncio.get_running_loop()
+            receipt = await loop.run_in_executor(None, freeing.receipt, watch, None, done)
+        finally:
+            freeing.end(watch)
+        receipt["prompt_running_at_request"] = running
+        if not observable:
+            receipt["note"] = ("comfy_memx's unload_all_models wrapper is off (COMFY_MEMX_DISABLE?), so the worker "
+                               "cannot be followed; the flags were set")
+        elif not done:
+            receipt["note"] = (f"the prompt worker had not finished freeing after {timeout:g} s "
+                               "(a running prompt delays it); survivors so far are the leaked models only")
+        return _json(receipt, status=200 if done else 202)
+
+    async def metrics(self, request):
+        """GET /metrics and /memx/metrics: Prometheus text, or 501 without prometheus_client."""
+        from aiohttp import web
+        installed = metrics.installed() or metrics.install()
+        if installed is None:
+            return _json({"error": "metrics_unavailable", "message": metrics.INSTALL_HINT}, status=501)
+        loop = asyncio.get_running_loop()
+        body, content_type = await loop.run_in_executor(None, installed.exposition)
+        response = web.Response(body=body)
+        response.headers["Content-Type"] = content_type
+        return response
+
+
+async def _free_body(request):
+    raw = await request.read()
+    if not raw.strip():
+        return dict(FREE_ALL)
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise HttpError(400, "bad_json", "the body is not JSON; send ComfyUI's /free body, e.g. "
+                        '{"unload_models": true, "free_memory": true}') from None
+    if not isinstance(body, dict):
+        raise HttpError(400, "bad_body", "the body must be a JSON object")
+    return body
+
+
+def _timeout(request):
+    text = request.query.get("timeout")
+    if text is None:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (0 <= value <= MAX_TIMEOUT_S):
+        raise HttpError(400, "bad_timeout", f"timeout must be seconds between 0 and {MAX_TIMEOUT_S:g}")
+    return value
+
+
+async def _wait_done(watch, queue, timeout):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    woken = loop.create_future()
+
+    def settle():
+        if not woken.done():
+            woken.set_result(True)
+
+    def wake():
+        try:
+            loop.call_soon_threadsafe(settle)
+        except RuntimeError:  # the loop closed while the worker was freeing
+            pass
+
+    watch.add_done_callback(wake)
+    while not watch.done:
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            break
+        try:
+            await asyncio.wait_for(asyncio.shield(woken), min(NUDGE_S, remaining))
+        except asyncio.TimeoutError:
+            freeing.nudge(watch, queue)
+    return watch.done
+
+
+def _json(payload, status=200):
+    from aiohttp import web
+    return web.json_response(readmodel.clip(payload), status=status)
+
+
+def _guarded(name, handler):
+    async def guarded(request):
+        try:
+            return await handler(request)
+        except HttpError as exc:
+            return _json({"error": exc.kind, "message": str(exc)}, status=exc.status)
+        except Exception as exc:
+            try:
+                internal_error(f"route {name}", exc)
+            except Exception:  # tests re-raise internal errors; a route still answers
+                pass
+            return _json({"error": "internal", "message": f"{type(exc).__name__}: {exc}"}, status=500)
+    guarded.__name__ = guarded.__qualname__ = f"memx_{handler.__name__}"
+    return guarded
+
+
+# -- registration ----------------------------------------------------------------------------------------------------
+
+def metrics_path_taken(server):
+    """True when another extension already serves GET /metrics (in ``server.routes`` or on its app's router)."""
+    taken = {METRICS_PATH, "/api" + METRICS_PATH}
+    for route in list(getattr(server, "routes", ())):
+        path = getattr(route, "path", None) or getattr(route, "prefix", None)
+        if path in taken and getattr(route, "method", "GET") in ("GET", "*", "HEAD"):
+            return True
+    app = getattr(server, "app", None)
+    router = getattr(app, "router", None)
+    for resource in list(router.resources()) if router is not None else ():
+        if getattr(resource, "canonical", None) in taken:
+            return True
+    return False
+
+
+def register(server):
+    """Add comfy_memx's routes to ``server.routes`` (ComfyUI's PromptServer, before its ``add_routes``).
+
+    Returns the list of paths served.  A second call on the same server adds nothing.
+    """
+    served = getattr(server, _REGISTERED, None)
+    if served is not None:
+        return served
+    handlers = Handlers(server)
+    routes = server.routes
+    routes.get("/memx/models")(_guarded("/memx/models", handlers.models))
+    routes.post("/memx/free")(_guarded("/memx/free", handlers.free))
+    metrics_handler = _guarded("metrics", handlers.metrics)
+    routes.get(OWN_METRICS_PATH)(metrics_handler)
+    served = ["/memx/models", "/memx/free", OWN_METRICS_PATH]
+    if metrics_path_taken(server):
+        log.info("comfy_memx: another extension already serves %s; comfy_memx's metrics are at %s",
+                 METRICS_PATH, OWN_METRICS_PATH)
+    else:
+        routes.get(METRICS_PATH)(metrics_handler)
+        served.append(METRICS_PATH)
+    setattr(server, _REGISTERED, served)
+    return served
