@@ -1,9 +1,18 @@
-"""Wraps ``execution.PromptExecutor.execute_async`` so loads can be attributed to a prompt's node class_type.
+"""Wraps ComfyUI's ``execution`` module: prompt attribution, and the prompt worker's handling of free flags.
 
-ComfyUI already publishes the executing (prompt_id, node_id) in ``comfy_execution.utils``; the node's class_type
-lives only in the prompt, which this wrapper hands to ``comfy_memx.ledger.attribution`` for the prompt's duration.
-Checked against ComfyUI 0.3.64 and 0.27.0 (both ``async def execute_async(self, prompt, prompt_id, extra_data={},
-execute_outputs=[])``); a synchronous variant is wrapped synchronously.
+Sites:
+
+* ``PromptExecutor.execute_async``: ComfyUI already publishes the executing (prompt_id, node_id) in
+  ``comfy_execution.utils``; the node's class_type lives only in the prompt, which this wrapper hands to
+  ``comfy_memx.ledger.attribution`` for the prompt's duration (``async def execute_async(self, prompt, prompt_id,
+  extra_data={}, execute_outputs=[])`` in 0.3.64, 0.27.0 and 0.33.0; a synchronous variant is wrapped
+  synchronously);
+* ``PromptQueue.set_flag`` / ``PromptQueue.get_flags`` and ``PromptExecutor.reset``: follow a ``/memx/free`` request
+  to the worker run that reads its flags and through that run's cache reset (``comfy_memx.surface.freeing``).
+  With no request waiting they only check one attribute.  # COMFY: ``PromptQueue.mutex`` is an ``RLock`` that
+  ``set_flag`` and ``get_flags`` take (0.3.64, 0.27.0, 0.33.0); the ``get_flags`` wrapper holds it around the call.
+
+Settings: ``COMFY_MEMX_DISABLE=execution`` (no class_type in owners; ``/memx/free`` cannot follow the worker).
 """
 
 import inspect
@@ -11,6 +20,7 @@ import inspect
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.patching import Patch
 from comfy_memx.ledger import attribution
+from comfy_memx.surface import freeing
 
 
 def _prompt_arguments(args, kwargs):
@@ -50,12 +60,48 @@ def _memx_execute_async(module, original, switch):
     return execute_async_sync
 
 
+def _memx_set_flag(module, original, switch):
+    def set_flag(self, *args, **kwargs):
+        if switch.on:
+            try:
+                freeing.flag_set(self, args[0] if args else kwargs.get("name"))
+            except Exception as exc:
+                internal_error("free flag tracking", exc)
+        return original(self, *args, **kwargs)
+    return set_flag
+
+
+def _memx_get_flags(module, original, switch):
+    def get_flags(self, *args, **kwargs):
+        if not switch.on:
+            return original(self, *args, **kwargs)
+        return freeing.read_flags(self, original, args, kwargs)
+    return get_flags
+
+
+def _memx_reset(module, original, switch):
+    def reset(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        if switch.on:
+            try:
+                freeing.reset_ended()
+            except Exception as exc:
+                internal_error("free request tracking", exc)
+        return result
+    return reset
+
+
 class ExecutionPatch(Patch):
-    """Prompt attribution in ComfyUI's ``execution`` module."""
+    """Prompt attribution and free-flag tracking in ComfyUI's ``execution`` module."""
 
     name = "execution"
     target = "execution"
-    sites = {"PromptExecutor.execute_async": _memx_execute_async}
+    sites = {
+        "PromptExecutor.execute_async": _memx_execute_async,
+        "PromptExecutor.reset": _memx_reset,
+        "PromptQueue.set_flag": _memx_set_flag,
+        "PromptQueue.get_flags": _memx_get_flags,
+    }
 
 
 PATCH = ExecutionPatch()

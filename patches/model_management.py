@@ -11,6 +11,7 @@ Settings: ``COMFY_MEMX_LEAK_MODE`` (off disables the cleanup_models_gc work), ``
 """
 
 import sys
+import weakref
 from time import perf_counter
 
 from comfy_memx.core import registry
@@ -31,38 +32,59 @@ def _memx_load_models_gpu(mm, original, switch):
         if not announced:
             announced.append(True)
             registry.announce()
-        before = list(mm.current_loaded_models)
+        before = _loaded_refs(mm)
         loads = load_stack() if STATE.publish_loads else None
         if loads is not None:
             loads.append(load_call(args[0] if args else kwargs.get("models", ())))
+        accounting.begin_load_scope()
         try:
             return original(*args, **kwargs)
         finally:
+            unloaded = accounting.end_load_scope()
             if loads is not None:
                 loads.pop()
             if before:
                 try:
-                    _note_clone_replacements(mm, before)
+                    _note_clone_replacements(mm, before, unloaded)
                 except Exception as exc:
                     internal_error("clone-replacement accounting", exc)
     return load_models_gpu
 
 
-def _note_clone_replacements(mm, before):
+def _loaded_refs(mm):
+    """``(entry weakref, module weakref)`` of every loaded entry: nothing here keeps an entry or a model alive."""
+    refs = []
+    for entry in mm.current_loaded_models:
+        module_ref = entry.real_model
+        if module_ref is not None:
+            try:
+                refs.append((weakref.ref(entry), module_ref))
+            except TypeError:  # an entry type without weakref support: its module is still known
+                refs.append((None, module_ref))
+    return refs
+
+
+def _note_clone_replacements(mm, before, unloaded):
     # COMFY: load_models_gpu pops entries whose patcher is a clone of a model being loaded and detaches them
-    # without model_unload; such an entry left the list but still has real_model set.
+    # without model_unload (0.3.64, 0.27.0, 0.33.0); such an entry left the list (and may already be gone) while its
+    # module lives on, often under a new entry for the clone.  Full unloads during the call are in ``unloaded``.
     remaining = {id(entry) for entry in mm.current_loaded_models}
-    for entry in before:
-        if id(entry) in remaining or entry.real_model is None:
+    for entry_ref, module_ref in before:
+        entry = entry_ref() if entry_ref is not None else None
+        if entry is not None:
+            if id(entry) in remaining or entry.real_model is None:
+                continue
+        elif entry_ref is None or id(module_ref) in unloaded:
             continue
-        module = entry.real_model()
+        module = module_ref()
         if module is None:
             continue
-        patcher = entry.model
+        patcher = entry.model if entry is not None else None
+        del entry
         refcounts = {"patcher": accounting.external_refcount(sys.getrefcount(patcher)) if patcher is not None else 0,
                      "module": accounting.external_refcount(sys.getrefcount(module))}
-        loaded = patcher.loaded_size() if patcher is not None else 0
-        accounting.on_unload(entry, patcher, module, loaded, loaded, True, 0.0, refcounts, reason="clone_replaced")
+        loaded = patcher.loaded_size() if patcher is not None else int(getattr(module, "model_loaded_weight_memory", 0))
+        accounting.on_unload(patcher, module, loaded, loaded, True, 0.0, refcounts, reason="clone_replaced")
         del module, patcher
 
 
@@ -70,9 +92,8 @@ def _memx_model_load(mm, original, switch):
     def model_load(self, *args, **kwargs):
         if not switch.on:
             return original(self, *args, **kwargs)
-        patcher = self.model
         try:
-            before = patcher.loaded_size() if patcher is not None else 0
+            before = _loaded_size(self)
         except Exception as exc:
             internal_error("load accounting", exc)
             before = 0
@@ -80,21 +101,26 @@ def _memx_model_load(mm, original, switch):
         result = original(self, *args, **kwargs)
         seconds = perf_counter() - start
         try:
-            accounting.on_load(self, patcher, before, seconds, sys._getframe(1))
+            accounting.on_load(self, self.model, before, seconds, sys._getframe(1))
         except Exception as exc:
             internal_error("load accounting", exc)
         return result
     return model_load
 
 
+def _loaded_size(entry):
+    """Bytes of ``entry``'s model on its device, read without keeping its patcher in a local variable."""
+    patcher = entry.model
+    return patcher.loaded_size() if patcher is not None else 0
+
+
 def _memx_model_unload(mm, original, switch):
     def model_unload(self, *args, **kwargs):
         if not switch.on:
             return original(self, *args, **kwargs)
-        patcher = self.model
         module_ref = self.real_model
         try:
-            before = patcher.loaded_size() if patcher is not None else 0
+            before = _loaded_size(self)
         except Exception as exc:
             internal_error("unload accounting", exc)
             before = 0
@@ -102,18 +128,24 @@ def _memx_model_unload(mm, original, switch):
         result = original(self, *args, **kwargs)
         seconds = perf_counter() - start
         try:
-            module = module_ref() if module_ref is not None else None
-            if module is not None:
-                after = patcher.loaded_size() if patcher is not None else 0
-                refcounts = {
-                    "patcher": accounting.external_refcount(sys.getrefcount(patcher)) if patcher is not None else 0,
-                    "module": accounting.external_refcount(sys.getrefcount(module))}
-                accounting.on_unload(self, patcher, module, before, after, result is not False, seconds, refcounts)
-            del module
+            _note_unload(self, module_ref, before, result is not False, seconds)
         except Exception as exc:
             internal_error("unload accounting", exc)
         return result
     return model_unload
+
+
+def _note_unload(entry, module_ref, before, fully, seconds):
+    module = module_ref() if module_ref is not None else None
+    if module is None:
+        return
+    if fully:
+        accounting.note_unloaded(module_ref)
+    patcher = entry.model
+    after = patcher.loaded_size() if patcher is not None else 0
+    refcounts = {"patcher": accounting.external_refcount(sys.getrefcount(patcher)) if patcher is not None else 0,
+                 "module": accounting.external_refcount(sys.getrefcount(module))}
+    accounting.on_unload(patcher, module, before, after, fully, seconds, refcounts)
 
 
 def _scoped_reason(reason, original, switch):

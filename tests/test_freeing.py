@@ -1,12 +1,17 @@
-"""comfy_memx.surface.freeing without a server: the request's states, the hooks' lifetime, flags, and the receipt."""
+"""comfy_memx.surface.freeing without a server: which worker run serves a request, withdrawal, and the receipt.
+
+The worker side is driven step by step, as ComfyUI's prompt worker runs it after each prompt (``get_flags``, then
+``unload_all_models`` for ``unload_models``, ``PromptExecutor.reset`` for ``free_memory``, then ``gc.collect``), so
+every interleaving below is deterministic.
+"""
 
 import gc
 import threading
 import weakref
 
+from comfy_memx.core.state import STATE
 from comfy_memx.ledger import accounting
 from comfy_memx.surface import freeing
-from comfy_memx.core.state import STATE
 
 HELD = []
 
@@ -15,130 +20,265 @@ class Model:
     """Stands in for a torch module (the ledger only needs a weakref-able object with a class name)."""
 
 
-def on_worker_thread(*steps):
-    """Run ``steps`` (callables) in order on one fresh thread, like ComfyUI's prompt worker."""
-    thread = threading.Thread(target=lambda: [step() for step in steps])
-    thread.start()
-    thread.join(10)
+class Queue:
+    """ComfyUI's PromptQueue as far as flags go (0.3.64, 0.27.0 and 0.33.0 agree on this part)."""
+
+    def __init__(self):
+        self.mutex = threading.RLock()
+        self.not_empty = threading.Condition(self.mutex)
+        self.flags = {}
+        self.queue = []
+        self.currently_running = {}
+
+    def set_flag(self, name, data):
+        with self.mutex:
+            freeing.flag_set(self, name)  # what the set_flag wrapper does
+            self.flags[name] = data
+            self.not_empty.notify()
+
+    def _get_flags(self, reset=True):
+        with self.mutex:
+            if reset:
+                ret = self.flags
+                self.flags = {}
+                return ret
+            return self.flags.copy()
+
+    def get_flags(self, reset=True):
+        return freeing.read_flags(self, Queue._get_flags, (reset,), {})  # what the get_flags wrapper does
+
+    def get(self, timeout=None):
+        with self.not_empty:
+            while not self.queue:
+                self.not_empty.wait(timeout=timeout)
+                if timeout is not None and not self.queue:
+                    return None
+            return self.queue.pop(0)
 
 
-def unload_all():
-    accounting.push_reason("free_request")
-    accounting.push_reason("memory_pressure", keep_outer=True)   # free_memory inside unload_all_models
-    accounting.pop_reason()
-    assert STATE.free_request_hooks            # still inside the outer scope
-    accounting.pop_reason()
+class Worker:
+    """ComfyUI's prompt worker, one step at a time on its own thread."""
+
+    def __init__(self, queue):
+        self.queue = queue
+        self.read = None
+
+    def on_thread(self, *steps):
+        thread = threading.Thread(target=lambda: [step() for step in steps])
+        thread.start()
+        thread.join(10)
+        assert not thread.is_alive()
+
+    def read_flags(self):
+        self.read = self.queue.get_flags()
+
+    def unload(self):
+        if self.read.get("unload_models", self.read.get("free_memory", False)):
+            accounting.push_reason("free_request")
+            accounting.push_reason("memory_pressure", keep_outer=True)  # free_memory inside unload_all_models
+            accounting.pop_reason()
+            accounting.pop_reason()
+
+    def reset(self):
+        if self.read.get("free_memory"):
+            freeing.reset_ended()
+
+    def turn(self, *between):
+        """One worker turn after a prompt: read the flags, act on them, collect garbage."""
+        self.on_thread(self.read_flags, *between, self.unload, self.reset, gc.collect)
 
 
-def test_a_request_is_done_after_its_unload_and_a_full_collection_on_the_same_thread():
-    watch = freeing.begin(unload_models=True, free_memory=True)
+def observing(monkeypatch):
+    from comfy_memx.core import registry
+    monkeypatch.setattr(registry, "is_patched", lambda name, site: True)
+
+
+def test_a_request_is_served_by_the_run_that_reads_its_flags(monkeypatch):
+    observing(monkeypatch)
+    queue, worker = Queue(), Worker(Queue())
+    worker.queue = queue
+    ticket = freeing.submit(queue, unload_models=True, free_memory=True)
     woken = []
-    watch.add_done_callback(lambda: woken.append(threading.get_ident()))
+    ticket.add_done_callback(lambda: woken.append(threading.get_ident()))
     try:
-        assert watch.state == "waiting" and not watch.done
-        on_worker_thread(unload_all, lambda: gc.collect(1))
-        assert watch.state == "collecting" and not watch.done and woken == []
-        gc.collect()                                   # a full collection, but on another thread
-        assert not watch.done
-        on_worker_thread(gc.collect)
-        assert watch.done and watch.state == "done" and woken == [watch.thread_id]
-        later = []
-        watch.add_done_callback(lambda: later.append(1))
-        assert later == [1]
+        assert queue.flags == {"unload_models": True, "free_memory": True} and ticket.state == "waiting"
+        states = []
+        worker.on_thread(worker.read_flags, lambda: states.append(ticket.state), worker.unload,
+                         lambda: states.append(ticket.state), worker.reset, lambda: states.append(ticket.state),
+                         lambda: gc.collect(1), lambda: states.append(ticket.state))
+        assert states == ["unloading", "resetting", "collecting", "collecting"] and not ticket.done
+        gc.collect()                                   # a full collection, but not on the worker's thread
+        assert not ticket.done
+        worker.on_thread(gc.collect)
+        assert ticket.done and ticket.state == "done" and woken == [ticket.run.thread_id]
+        assert queue.flags == {}
     finally:
-        freeing.end(watch)
+        freeing.end(ticket)
     assert freeing._on_free_phase not in STATE.free_request_hooks and freeing._on_gc not in gc.callbacks
 
 
-def test_a_run_that_started_before_the_request_is_not_its_own():
-    started = threading.Event()
-    release = threading.Event()
-
-    def slow_unload():
-        accounting.push_reason("free_request")
-        started.set()
-        release.wait(10)
-        accounting.pop_reason()
-        gc.collect()
-
-    earlier = freeing.begin()                          # keeps the hooks installed for the early run
-    thread = threading.Thread(target=slow_unload)
-    thread.start()
-    started.wait(10)
-    watch = freeing.begin()
+def test_a_run_that_read_the_flags_just_before_the_request_is_not_its_own(monkeypatch):
+    """Another client's /free is read by the worker; our request arrives while that run unloads: it must wait for
+    the next run, and its flags must still be set for it."""
+    observing(monkeypatch)
+    queue = Queue()
+    worker = Worker(queue)
+    queue.set_flag("unload_models", True)            # ComfyUI's own POST /free from another client
+    tickets = []
+    worker.turn(lambda: tickets.append(freeing.submit(queue, unload_models=False, free_memory=True)))
+    ticket = tickets[0]
     try:
-        release.set()
-        thread.join(10)
-        assert earlier.done and not watch.done and watch.state == "waiting"
-        on_worker_thread(unload_all, gc.collect)
-        assert watch.done
+        assert not ticket.done and ticket.state == "waiting" and queue.flags == {"free_memory": True}
+        worker.turn()
+        assert ticket.done and ticket.run.free_memory and queue.flags == {}
     finally:
-        freeing.end(watch)
-        freeing.end(earlier)
+        freeing.end(ticket)
 
 
-def test_unloads_of_the_request_are_collected_from_the_event_stream():
-    watch = freeing.begin()
+def test_a_request_that_times_out_withdraws_only_its_own_flags(monkeypatch):
+    observing(monkeypatch)
+    queue = Queue()
+    mine = freeing.submit(queue, unload_models=True, free_memory=True)
+    other = freeing.submit(queue, unload_models=True, free_memory=False)
+    queue.set_flag("free_memory", True)               # another client's /free while ours wait
+    freeing.end(mine)
+    assert mine.withdrawn and mine.state == "withdrawn"
+    assert queue.flags == {"unload_models": True, "free_memory": True}  # still wanted by `other` and the client
+    freeing.end(other)
+    assert queue.flags == {"free_memory": True}       # the client's flag stays, ours is gone
+    lonely = freeing.submit(queue, unload_models=True, free_memory=False)
+    freeing.end(lonely)
+    assert queue.flags == {"free_memory": True} and not freeing.waiting()
+
+
+def test_a_flag_that_was_already_set_before_the_request_is_never_withdrawn(monkeypatch):
+    observing(monkeypatch)
+    queue = Queue()
+    queue.set_flag("unload_models", True)
+    ticket = freeing.submit(queue, unload_models=True, free_memory=False)
+    freeing.end(ticket)
+    assert queue.flags == {"unload_models": True}
+
+
+def test_two_requests_at_once_share_the_run_that_reads_both(monkeypatch):
+    observing(monkeypatch)
+    queue = Queue()
+    worker = Worker(queue)
+    first = freeing.submit(queue, unload_models=True, free_memory=False)
+    second = freeing.submit(queue, unload_models=True, free_memory=True)
+    try:
+        worker.turn()
+        assert first.done and second.done and first.run is second.run
+        assert first.run.unload_models and first.run.free_memory
+    finally:
+        freeing.end(first)
+        freeing.end(second)
+
+
+def test_a_request_made_while_a_prompt_runs_is_served_after_it(monkeypatch):
+    observing(monkeypatch)
+    queue = Queue()
+    worker = Worker(queue)
+    queue.currently_running[0] = ("prompt",)
+    ticket = freeing.submit(queue)
+    try:
+        assert freeing.prompt_running(queue) and ticket.state == "waiting"
+        queue.currently_running.clear()               # the prompt finishes; the worker reads the flags next
+        worker.turn()
+        assert ticket.done
+    finally:
+        freeing.end(ticket)
+
+
+def test_nudge_wakes_a_worker_waiting_on_the_queue_without_setting_flags_again(monkeypatch):
+    observing(monkeypatch)
+    queue = Queue()
+    ticket = freeing.submit(queue)
+    queue.flags.clear()                               # as if the wake-up of set_flag was missed and flags read
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(queue.get(timeout=30)))
+    waiter.start()
+    try:
+        for _ in range(200):
+            assert freeing.nudge(ticket)
+            waiter.join(0.05)
+            if not waiter.is_alive():
+                break
+        assert not waiter.is_alive() and got == [None] and queue.flags == {}
+    finally:
+        freeing.end(ticket)
+    assert freeing.nudge(ticket) is False
+
+
+def test_the_gc_hook_never_waits_for_the_desks_lock(monkeypatch):
+    observing(monkeypatch)
+    queue = Queue()
+    worker = Worker(queue)
+    ticket = freeing.submit(queue)
+    desk = STATE.part(freeing.FreeDesk)
+    try:
+        worker.on_thread(worker.read_flags, worker.unload, worker.reset)
+        with desk.lock:                               # e.g. another request registering right now
+            worker.on_thread(gc.collect)              # the worker's collection ends the run regardless
+        assert ticket.done
+    finally:
+        freeing.end(ticket)
+
+
+def test_unloads_of_the_run_are_collected_from_the_event_stream(monkeypatch):
+    observing(monkeypatch)
+    queue = Queue()
+    worker = Worker(queue)
+    ticket = freeing.submit(queue)
     try:
         STATE.events.emit("unload", model="M", model_id="M#9", reason="free_request", bytes=5, device="cpu")
-        on_worker_thread(lambda: accounting.push_reason("free_request"),
-                         lambda: STATE.events.emit("unload", model="M", model_id="M#1", reason="free_request",
-                                                     bytes=7, device="cuda:0"),
-                         lambda: STATE.events.emit("unload", model="M", model_id="M#2", reason="other",
-                                                     bytes=3, device="cuda:0"),
-                         accounting.pop_reason)
-        assert watch.unloads == [{"model": "M", "model_id": "M#1", "bytes": 7, "device": "cuda:0"}]
+
+        def unload_with_events():
+            accounting.push_reason("free_request")
+            STATE.events.emit("unload", model="M", model_id="M#1", reason="free_request", bytes=7, device="cuda:0")
+            STATE.events.emit("unload", model="M", model_id="M#2", reason="other", bytes=3, device="cuda:0")
+            accounting.pop_reason()
+        worker.on_thread(worker.read_flags, unload_with_events, worker.reset, gc.collect)
+        assert ticket.done
+        assert ticket.run.unloads == [{"model": "M", "model_id": "M#1", "bytes": 7, "device": "cuda:0"}]
     finally:
-        freeing.end(watch)
+        freeing.end(ticket)
     assert not STATE.events.wanted
 
 
-def test_flags_are_set_again_only_while_the_worker_has_not_started():
-    class Queue:
-        def __init__(self):
-            self.flags = []
-
-        def set_flag(self, name, value):
-            self.flags.append((name, value))
-
-    queue = Queue()
-    watch = freeing.begin(unload_models=False, free_memory=True)
-    try:
-        freeing.set_flags(watch, queue)
-        assert freeing.nudge(watch, queue) is True
-        watch.state = "unloading"
-        assert freeing.nudge(watch, queue) is False
-    finally:
-        freeing.end(watch)
-    assert queue.flags == [("free_memory", True), ("free_memory", True)]
-
-
 def test_receipt_names_released_and_leaked_models_and_bounds_the_searches(monkeypatch):
+    observing(monkeypatch)
     gone, kept_a, kept_b = Model(), Model(), Model()
     for model in (gone, kept_a, kept_b):
-        record = STATE.ledger.record_for(model)
-        record.model_bytes = 100
+        STATE.ledger.record_for(model).model_bytes = 100
     HELD.extend([kept_a, kept_b])
     for model in (kept_a, kept_b):
-        STATE.ledger.find(model).leak = {"stage": "rooted", "prompt_id": None, "time": 0.0}
+        STATE.ledger.find(model).leak = {"stage": "rooted", "prompt_id": None, "time": 0.0, "last_prompt": None,
+                                         "last_seen": 0.0, "sightings": 1, "searches": 0, "referrers": [],
+                                         "search": None, "next_check": 1, "refs": None}
     gone_id = STATE.ledger.find(gone).model_id
     refs = [weakref.ref(m) for m in (kept_a, kept_b)]
     del model, kept_a, kept_b
     monkeypatch.setattr(freeing, "MAX_SEARCHED", 1)
-    watch = freeing.begin()
+    queue = Queue()
+    worker = Worker(queue)
+    ticket = freeing.submit(queue)
     try:
         del gone
-        watch._finish()
-        receipt = freeing.receipt(watch, model_management=None)
+        worker.turn()
+        receipt = freeing.receipt(ticket, model_management=None)
     finally:
-        freeing.end(watch)
+        freeing.end(ticket)
     assert receipt["status"] == "done" and receipt["still_loaded"] == []
+    assert receipt["run"] == {"unload_models": True, "free_memory": True, "requests": 1}
     assert [(f["model_id"], f["released"], f["unloaded_bytes"]) for f in receipt["freed"]] == [(gone_id, True, 0)]
     assert receipt["released_bytes"] == 100
     first, second = receipt["survivors"]
     assert first["reason"] == second["reason"] == "leaked" and receipt["survivor_bytes"] == 200
-    assert [(c["path"], c["root_kind"]) for c in first["holders"]] == [("test_freeing.HELD[0]", "module_global")] or \
-        [(c["path"], c["root_kind"]) for c in first["holders"]] == [("test_freeing.HELD[1]", "module_global")]
+    paths = [(c["path"], c["root_kind"]) for c in first["holders"]]
+    assert paths in ([("test_freeing.HELD[0]", "module_global")], [("test_freeing.HELD[1]", "module_global")])
+    assert first["search"]["reason"] == "requested" and first["leak"]["searches"] == 1
     assert second["holders"] is None and "not searched" in second["search"]["note"]
+    assert "refs" not in first["leak"] and "next_check" not in first["leak"]  # internal fields stay inside
     HELD.clear()
     assert all(ref() is None for ref in refs)          # the receipt and the search kept nothing

@@ -133,3 +133,19 @@ def test_install_without_prometheus_client_returns_none(monkeypatch):
     assert metrics.install() is None and metrics.installed() is None
     with pytest.raises(metrics.MetricsUnavailable):
         metrics.Metrics()
+
+
+def test_a_leak_counts_once_and_its_later_sightings_and_searches_count_apart():
+    search = {"seconds": 0.1, "objects_visited": 10, "complete": True}
+    samples = exposition(events=[
+        {"event": "leak", "owner": OWNER, "stage": "rooted", "reason": "new", "search": search},
+        {"event": "leak_seen", "owner": OWNER, "stage": "rooted", "sightings": 2},
+        {"event": "leak_seen", "owner": OWNER, "stage": "rooted", "sightings": 3},
+        {"event": "leak", "owner": OWNER, "stage": "rooted", "reason": "holders_changed", "search": search},
+        {"event": "leak", "owner": OWNER, "stage": "rooted", "reason": "new",
+         "search": {"deferred": True, "reason": "new"}},
+    ])
+    assert samples[("comfy_memx_leaks_total", (("package", "leaky_pack"), ("stage", "rooted")))] == 2
+    assert samples[("comfy_memx_leak_sightings_total", (("package", "leaky_pack"),))] == 2
+    assert samples[("comfy_memx_leak_searches_total", (("reason", "new"),))] == 1
+    assert samples[("comfy_memx_leak_searches_total", (("reason", "holders_changed"),))] == 1

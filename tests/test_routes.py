@@ -21,8 +21,8 @@ VERSIONS = ["0.3.64", "0.27.0"]
 MODEL_KEYS = {"model", "model_id", "state", "bytes", "loaded_bytes", "load_device", "bytes_by_device",
               "pinned_bytes", "owner", "loaded_at", "last_used", "loads", "unloads", "last_unload",
               "in_comfyui_loaded_list", "leak"}
-RECEIPT_KEYS = {"status", "worker", "waited_s", "request", "freed", "freed_bytes", "released_bytes", "still_loaded",
-                "survivors", "survivor_bytes", "prompt_running_at_request"}
+RECEIPT_KEYS = {"status", "worker", "waited_s", "request", "run", "freed", "freed_bytes", "released_bytes",
+                "still_loaded", "survivors", "survivor_bytes", "prompt_running_at_request"}
 SURVIVOR_KEYS = {"model", "model_id", "owner", "bytes", "resident_bytes", "reason", "leak", "holders", "search"}
 OWNER_KEYS = {"prompt_id", "node_id", "class_type", "package"}
 
@@ -263,8 +263,9 @@ def test_free_answers_202_with_what_is_known_when_the_worker_is_busy(version, tm
         return status, receipt
 
     status, receipt = serve(version, tmp_path, scenario)
-    assert status == 202 and receipt["status"] == "pending" and receipt["worker"] == "waiting"
+    assert status == 202 and receipt["status"] == "pending" and receipt["worker"] == "withdrawn"
     assert receipt["prompt_running_at_request"] is True and "running prompt" in receipt["note"]
+    assert "withdrawn" in receipt["note"] and receipt["run"] is None
     assert receipt["freed"] == [] and receipt["waited_s"] >= 0.3
     [survivor] = receipt["survivors"]                    # only the leaked model is known so far, not searched
     assert survivor["reason"] == "leaked" and survivor["holders"] is None and survivor["search"] is None
@@ -440,20 +441,91 @@ def test_register_adds_routes_once_and_detects_a_taken_metrics_path():
             self.routes, self.app, self.prompt_queue = web.RouteTableDef(), web.Application(), None
 
     plain = Server()
-    assert routes.register(plain) == ["/memx/models", "/memx/free", "/memx/metrics", "/metrics"]
-    assert routes.register(plain) == ["/memx/models", "/memx/free", "/memx/metrics", "/metrics"]
-    assert len(list(plain.routes)) == 4
+    served = ["/memx/models", "/memx/free", "/memx/models/{model_id}/search", "/memx/metrics", "/metrics"]
+    assert routes.register(plain) == served
+    assert routes.register(plain) == served
+    assert len(list(plain.routes)) == 5
     taken = Server()
 
     async def handler(request):
         return web.Response()
     taken.app.router.add_get("/api/metrics", handler)
-    assert routes.register(taken) == ["/memx/models", "/memx/free", "/memx/metrics"]
+    assert routes.register(taken) == ["/memx/models", "/memx/free", "/memx/models/{model_id}/search", "/memx/metrics"]
 
 
-def test_free_without_the_unload_wrapper_sets_the_flags_and_says_it_cannot_follow(tmp_path):
+def test_free_without_the_execution_patch_sets_the_flags_and_says_it_cannot_follow(tmp_path):
     async def scenario(comfy):
         return await comfy.free(timeout=30)
 
-    status, receipt = serve("0.27.0", tmp_path, scenario, disable="model_management")
+    status, receipt = serve("0.27.0", tmp_path, scenario, disable="execution")
     assert status == 202 and receipt["status"] == "pending" and "cannot be followed" in receipt["note"]
+
+
+def pause_after_reading_flags(queue):
+    """Make the prompt worker stop right after its ``get_flags`` read non-empty flags, until released."""
+    read, release = threading.Event(), threading.Event()
+    wrapped = type(queue).get_flags   # comfy_memx's wrapper around ComfyUI's method
+
+    def get_flags(*args, **kwargs):
+        flags = wrapped(queue, *args, **kwargs)
+        if flags and not read.is_set():
+            read.set()
+            release.wait(30)
+        return flags
+    queue.get_flags = get_flags
+    return read, release
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_free_read_by_the_worker_just_before_ours_is_not_our_receipt(version, tmp_path):
+    """Another client's ComfyUI /free is read by the worker a moment before our /memx/free sets its flags: our
+    receipt belongs to the next run, which reads ours; no flag of ours is left set afterwards."""
+    async def scenario(comfy):
+        await comfy.run(leaky("a"))
+        queue = comfy.server.prompt_queue
+        read, release = pause_after_reading_flags(queue)
+        response = await comfy.client.post("/free", json={"unload_models": True})   # another client
+        assert response.status == 200
+        for _ in range(300):   # ComfyUI's worker can miss the wake-up of a flag set while it finishes a turn
+            if read.is_set():
+                break
+            with queue.mutex:
+                queue.not_empty.notify()
+            await asyncio.sleep(0.1)
+        assert read.is_set()
+        ours = asyncio.create_task(comfy.free({"unload_models": True, "free_memory": True}, timeout=30))
+        for _ in range(400):
+            if freeing.waiting() == 1:
+                break
+            await asyncio.sleep(0.05)
+        release.set()
+        status, receipt = await ours
+        await asyncio.sleep(0.2)
+        return status, receipt, dict(queue.flags)
+
+    status, receipt, flags_left = serve(version, tmp_path, scenario)
+    assert status == 200 and receipt["status"] == "done"
+    assert flags_left == {}, "our flags were left set: an unrequested unload would follow the next prompt"
+    assert receipt["run"] == {"unload_models": True, "free_memory": True, "requests": 1}
+    [freed] = receipt["freed"]
+    assert freed["unloaded_bytes"] == 0 and freed["released"] is True   # the other run unloaded it; ours released it
+
+
+@pytest.mark.parametrize("version", ["0.27.0"])
+def test_a_free_that_times_out_before_the_worker_reads_it_leaves_no_flag_behind(version, tmp_path):
+    async def scenario(comfy):
+        await comfy.run(leaky("a"))
+        await comfy.queue({"1": leaky("a")["1"], "3": {"class_type": "Gate", "inputs": {"model": ["1", 0]}}})
+        await asyncio.get_running_loop().run_in_executor(None, Gate.entered.wait, 30)
+        status, receipt = await comfy.free(timeout=0.2)
+        flags_after_timeout = dict(comfy.server.prompt_queue.flags)
+        Gate.open.set()
+        # the worker finishes the gated prompt and one more, reading the flags after each
+        await comfy.run({"1": leaky("a")["1"], "3": {"class_type": "Gate", "inputs": {"model": ["1", 0]}}})
+        _, rows = await comfy.get_json("/memx/models")
+        return status, receipt, flags_after_timeout, rows
+
+    status, receipt, flags_after_timeout, rows = serve(version, tmp_path, scenario)
+    assert flags_after_timeout == {}, "our flags were left set after the request gave up"
+    assert [r["state"] for r in rows] == ["loaded"]      # no unrequested unload after the next prompts
+    assert status == 202 and receipt["worker"] == "withdrawn"

@@ -11,7 +11,9 @@ import weakref
 
 import pytest
 
+from comfy_memx.core.state import STATE
 from comfy_memx.leaks import watch as leakwatch
+from comfy_memx.ledger import attribution
 from fake_comfy.loader import shape_root
 from memx_helpers import memx_on, read_events
 
@@ -234,14 +236,116 @@ def test_thread_local_variable_is_a_root(strict):
     assert probe() is None
 
 
+def in_prompts(count, start=0):
+    """``count`` prompt windows, as the execution patch opens them around each prompt."""
+    for number in range(start, start + count):
+        attribution.begin_prompt(f"p{number}", {})
+        try:
+            yield f"p{number}"
+        finally:
+            attribution.end_prompt()
+
+
+class CountingSearches:
+    """Wraps the holder engine's entry points to count heap searches (and optionally fake their cost)."""
+
+    def __init__(self, monkeypatch, seconds=None):
+        from comfy_memx.leaks import holders
+        self.calls = []
+        for name in ("find_holders", "capture_cycle"):
+            real = getattr(holders, name)
+            monkeypatch.setattr(holders, name, self._counting(name, real, seconds))
+
+    def _counting(self, name, real, seconds):
+        def counted(target, **kwargs):
+            self.calls.append((name, kwargs["budget_s"]))
+            report = real(target, **kwargs)
+            if seconds is not None:
+                report.seconds = seconds
+            return report
+        return counted
+
+    def count(self, name):
+        return sum(1 for called, _ in self.calls if called == name)
+
+
 @pytest.mark.parametrize("strict", VERSIONS, indirect=True)
-def test_one_report_per_leaked_model_per_prompt(strict):
+def test_a_leaked_model_is_searched_once_and_later_sightings_are_only_counted(strict, monkeypatch):
     mm, pack, events, caplog = strict
+    searches = CountingSearches(monkeypatch)
     leak_into(mm, pack, lambda m: pack.REGISTRY.__setitem__("m", m))
-    for _ in range(3):
-        mm.cleanup_models_gc()
-    assert len([e for e in read_events(events) if e["event"] == "leak"]) == 1
+    for _ in in_prompts(6):
+        for _ in range(3):                                  # ComfyUI checks at every load of a prompt
+            mm.cleanup_models_gc()
+    assert searches.count("capture_cycle") == 1 and searches.count("find_holders") == 1
+    log = read_events(events)
+    assert [e["event"] for e in log if e["event"].startswith("leak")] == ["leak"] + ["leak_seen"] * 5
+    assert [e["sightings"] for e in log if e["event"] == "leak_seen"] == [2, 3, 4, 5, 6]
+    assert [e["prompt_id"] for e in log if e["event"] == "leak_seen"] == ["p1", "p2", "p3", "p4", "p5"]
+    assert len([line for line in leak_lines(caplog) if "leaked model" in line]) == 1
+    [record] = [r for r in STATE.ledger.records() if r.leak]
+    assert record.leak["sightings"] == 6 and record.leak["last_prompt"] == "p5" and record.leak["searches"] == 1
+    assert leakwatch.book().rooted_leaks == {record.model_id}
     pack.REGISTRY.clear()
+
+
+@pytest.mark.parametrize("strict", VERSIONS, indirect=True)
+def test_a_known_leak_is_searched_again_only_when_its_holders_change(strict):
+    """Searches are counted from the record and the events: wrapping the engine would add a holder of its own (the
+    argument tuple of the wrapped call)."""
+    mm, pack, events, caplog = strict
+    probe = leak_into(mm, pack, lambda m: pack.REGISTRY.__setitem__("first", m))
+    prompts = in_prompts(9)
+    next(prompts)
+    mm.cleanup_models_gc()
+    [record] = [r for r in STATE.ledger.records() if r.leak]
+    assert record.leak["searches"] == 1
+    pack.KEEPERS.append(pack.Keeper(probe()))               # a second holder appears
+    next(prompts)
+    mm.cleanup_models_gc()                                  # sighting 2: the reference count moved
+    assert record.leak["searches"] == 2
+    for _ in prompts:
+        mm.cleanup_models_gc()                              # sightings 3..9: nothing moved
+    assert record.leak["searches"] == 2 and record.leak["sightings"] == 9
+    first, research = [e for e in read_events(events) if e["event"] == "leak"]
+    assert [r["path"] for r in first["referrers"]] == ["holder_pack.REGISTRY['first']"]
+    assert research["reason"] == "holders_changed"
+    assert sorted(r["path"] for r in research["referrers"]) == ["holder_pack.KEEPERS[0].model",
+                                                                "holder_pack.REGISTRY['first']"]
+    pack.REGISTRY.clear()
+    pack.KEEPERS.clear()
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_all_strict_work_of_a_prompt_shares_one_time_cap(version, tmp_path, monkeypatch):
+    """Three models leak at once; every search is made to cost 0.8 s of a 2 s cap: two are searched in the first
+    prompt, the third is reported at once as deferred and searched in the next prompt."""
+    events = tmp_path / "events.jsonl"
+    with memx_on(version, leak_mode="strict", events=events, leak_budget=2) as mm:
+        pack = import_pack(write_pack(tmp_path))
+        searches = CountingSearches(monkeypatch, seconds=0.4)
+        patchers = [pack.make_patcher() for _ in range(3)]
+        for patcher in patchers:
+            pack.load(patcher)
+            pack.KEEPERS.append(patcher.model)
+        del patcher
+        patchers.clear()
+        gc.collect()
+        prompts = in_prompts(2)
+        next(prompts)
+        mm.cleanup_models_gc()                  # 3 cycle captures (0.4 s each) + rooted searches until 2 s are spent
+        first = [e for e in read_events(events) if e["event"] == "leak"]
+        deferred = [e for e in first if e["search"].get("deferred")]
+        assert len(first) == 3 and len(deferred) == 1 and searches.count("find_holders") == 2
+        assert all(budget <= 2.0 for _, budget in searches.calls)
+        assert sum(0.4 for _ in searches.calls) == pytest.approx(2.0)
+        next(prompts)
+        mm.cleanup_models_gc()
+        later = [e for e in read_events(events) if e["event"] == "leak"][3:]
+        assert [(e["model_id"], e["reason"]) for e in later] == [(deferred[0]["model_id"], "deferred")]
+        assert later[0]["referrers"] and searches.count("find_holders") == 3
+        pack.KEEPERS.clear()
+        sys.modules.pop("holder_pack", None)
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -254,7 +358,11 @@ def test_budget_exhaustion_reports_incomplete(version, tmp_path, caplog):
                                        pack.REGISTRY.__setitem__("chain", chain)))
         mm.cleanup_models_gc()
         leak = [e for e in read_events(events) if e["event"] == "leak"][0]
-        assert leak["search"]["complete"] is False
+        assert leak["search"].get("deferred") or leak["search"]["complete"] is False
+        for _ in in_prompts(1):
+            mm.cleanup_models_gc()        # a deferred search runs in the next window, incomplete again
+        last = [e for e in read_events(events) if e["event"] == "leak"][-1]
+        assert last["search"]["complete"] is False
         assert any("search incomplete" in m for m in leak_lines(caplog))
         pack.REGISTRY.clear()
         sys.modules.pop("holder_pack", None)

@@ -2,13 +2,29 @@
 
 ComfyUI's ``cleanup_models_gc`` logs "Potential memory leak detected with model X" (INFO) when a LoadedModel's
 patcher is gone but its torch module is alive, runs ``gc.collect()``, then logs "WARNING, memory leak with model X"
-for every module still alive.  The wrapper around it calls :func:`suspects` first (a scan of the few entries of
-``current_loaded_models``, no heap work), and only when there is a suspect does anything more: in strict mode the
-reference cycle is captured before ComfyUI's collect destroys it, and after the call each suspect is reported once
-per prompt as stage ``cycle`` (the collect freed it) or ``rooted`` (still alive: a real leak).
-Suspects are held through their weakrefs only; a strong reference here would itself cause the leak it reports.
+for every module still alive, and it does so again at every load for as long as the module lives.  The wrapper
+around it calls :func:`suspects` first (a scan of the few entries of ``current_loaded_models``, no heap work), and
+only when there is a suspect does anything more.
+
+Work is proportional to new leaks, not to prompts served:
+
+* a model seen for the first time is investigated once: in strict mode its reference cycle is captured before
+  ComfyUI's collect destroys it, and after the call it is reported as stage ``cycle`` (the collect freed it) or
+  ``rooted`` (still alive: a real leak) with its holder chains;
+* later sightings of a known leak only update counters on its ledger record (``sightings``, ``last_prompt``,
+  ``last_seen``) and write one small ``leak_seen`` event per prompt: no heap search, no log line;
+* a known leak is searched again only when its holders may have changed (its reference count moved since the last
+  search; checked at most after 1, 2, 4, 8 ... sightings) or when a user asks (:func:`search_now`, used by the
+  ``/memx/models/{model_id}/search`` route and the ``/memx/free`` receipt);
+* all strict-mode work in one prompt shares one time cap, ``COMFY_MEMX_LEAK_BUDGET``; a new leak that finds the
+  cap spent is reported at once with ``search: {"deferred": true}`` and searched in a later prompt.
+
+The leak state lives in the leaked model's ledger record (``record.leak``), so it disappears with the model and the
+bookkeeping is bounded by the number of leaked models.  Suspects are held through their weakrefs only; a strong
+reference here would itself cause the leak it reports.
 """
 
+import itertools
 import logging
 import sys
 import time
@@ -19,13 +35,29 @@ from comfy_memx.ledger import attribution
 
 log = logging.getLogger("comfy_memx")
 
+_OWN_REFS = 2  # getrefcount's argument and the caller's local
+
 
 class LeakBook:
-    """What this process reported (a part of the process state)."""
+    """Strict-mode time spent in the current prompt, and the leaks found in this process (a part of the process
+    state).  Bounded by the number of leaked models."""
 
     def __init__(self):
-        self.reported = set()      # (model_id, prompt_id) already reported
+        self.prompt_id = None
+        self.spent_s = 0.0
+        self.calls = itertools.count()  # numbers the cleanup calls made outside any prompt
         self.rooted_leaks = set()  # model_ids of rooted leaks found in this process (for COMFY_MEMX_LEAK_FAIL)
+
+    def remaining(self, window):
+        """Seconds of strict-mode work left in ``window`` (a prompt, or one cleanup call outside prompts) under
+        ``COMFY_MEMX_LEAK_BUDGET``."""
+        if window != self.prompt_id:
+            self.prompt_id, self.spent_s = window, 0.0
+        return max(0.0, STATE.config.leak_budget - self.spent_s)
+
+    def spend(self, seconds):
+        """Count ``seconds`` of strict-mode work against the current prompt."""
+        self.spent_s += seconds
 
 
 def book():
@@ -40,15 +72,22 @@ def rooted_leaks():
 
 class Suspect:
     """A LoadedModel entry whose patcher is gone while its module lives; keeps the module by weakref."""
-    __slots__ = ("module_ref", "record", "cycle")
+    __slots__ = ("module_ref", "record", "cycle", "new")
 
     def __init__(self, module_ref, record):
         self.module_ref, self.record, self.cycle = module_ref, record, None
+        self.new = record.leak is None
+
+
+class Suspects(list):
+    """The suspects of one ``cleanup_models_gc`` call, with its ``window``: the prompt it runs in, or the call
+    itself outside any prompt (one sighting per window; one strict-mode time cap per window)."""
+    __slots__ = ("window",)
 
 
 def suspects(model_management):
     """The entries ComfyUI is about to warn about, as :class:`Suspect` objects (empty list in the common case)."""
-    found = []
+    found = Suspects()
     for entry in list(model_management.current_loaded_models):
         module_ref = entry.real_model
         if module_ref is None:
@@ -57,64 +96,163 @@ def suspects(model_management):
         if module is not None and entry.model is None:
             found.append(Suspect(module_ref, STATE.ledger.record_for(module)))
         del module
+    if found:
+        prompt_id = attribution.current_prompt_id()
+        found.window = prompt_id if prompt_id is not None else ("call", next(book().calls))
     return found
 
 
 def before_collect(found):
-    """Strict mode: capture each suspect's reference cycle while it still exists."""
+    """Strict mode: capture the reference cycle of each new suspect while it still exists (once per model)."""
     if STATE.config.leak_mode != "strict":
         return
-    from comfy_memx.leaks import holders
+    leaks = book()
+    window = found.window
     for suspect in found:
-        module = suspect.module_ref()
-        if module is None:
+        if not suspect.new:
             continue
+        budget = leaks.remaining(window)
+        module = suspect.module_ref()
+        if module is None or budget <= 0:
+            continue
+        from comfy_memx.leaks import holders
         try:
-            suspect.cycle = holders.capture_cycle(module, budget_s=STATE.config.leak_budget,
-                                                  ignore=_ignored(found))
+            suspect.cycle = holders.capture_cycle(module, budget_s=budget, ignore=_ignored(found))
+            leaks.spend(suspect.cycle.seconds)
         except Exception as exc:
             internal_error("leak cycle capture", exc)
         del module
 
 
 def after_collect(found):
-    """Report each suspect once per prompt: ``cycle`` if ComfyUI's collect freed it, else ``rooted``."""
+    """Report each new suspect once, count the sightings of known ones, and search again where it is due."""
     prompt_id = attribution.current_prompt_id()
+    window = found.window
+    now = round(time.time(), 6)
+    here = sys._getframe()  # the outermost frame of ours that holds a module: the searches skip it
     for suspect in found:
-        record = suspect.record
-        key = (record.model_id, prompt_id)
-        leaks = book()
-        if key in leaks.reported:
-            continue
-        leaks.reported.add(key)
         module = suspect.module_ref()
-        stage = "cycle" if module is None else "rooted"
-        referrers, search, report = [], None, None
-        if stage == "rooted":
-            leaks.rooted_leaks.add(record.model_id)
-            if STATE.config.leak_mode == "strict":
-                report = _search_holders(module, found, sys._getframe())
-                referrers, search = _rooted_referrers(report)
-        elif suspect.cycle is not None:
-            report = suspect.cycle
-            referrers, search = _cycle_referrers(report)
+        if suspect.new:
+            _first_sighting(suspect, module, found, prompt_id, now, (window, here))
+        elif module is not None:
+            _later_sighting(suspect.record, module, found, prompt_id, now, (window, here))
         del module
-        if report is not None and STATE.config.leak_graph:
-            _write_graph(record, stage, report)
-        record.leak = {"stage": stage, "prompt_id": prompt_id, "time": round(time.time(), 6)}
-        _log(record, stage, referrers, search)
-        STATE.events.emit("leak", model=record.model, model_id=record.model_id, owner=record.owner._asdict(),
-                            stage=stage, referrers=referrers, search=search)
+
+
+def _first_sighting(suspect, module, found, prompt_id, now, context):
+    record = suspect.record
+    stage = "cycle" if module is None else "rooted"
+    record.leak = {"stage": stage, "prompt_id": prompt_id, "time": now, "last_prompt": prompt_id, "last_seen": now,
+                   "sightings": 1, "referrers": [], "search": None, "searches": 0, "next_check": 1, "refs": None,
+                   "window": context[0]}
+    report = None
+    if stage == "rooted":
+        book().rooted_leaks.add(record.model_id)
+        if STATE.config.leak_mode == "strict":
+            report = _search(record, module, found, context, reason="new")
+    elif suspect.cycle is not None:
+        report = suspect.cycle
+        record.leak["referrers"] = [{"path": report.text, "package": None, "root_kind": "cycle"}]
+        record.leak["search"] = _search_summary(report)
+    if report is not None and STATE.config.leak_graph:
+        _write_graph(record, stage, report)
+    _log(record)
+    _emit_leak(record, reason="new")
+
+
+def _later_sighting(record, module, found, prompt_id, now, context):
+    leak = record.leak
+    if leak["window"] == context[0]:
+        return  # ComfyUI warns at every load; one sighting per prompt is enough
+    leak["sightings"] += 1
+    leak["last_prompt"], leak["last_seen"], leak["window"] = prompt_id, now, context[0]
+    if STATE.config.leak_mode == "strict" and leak["stage"] == "rooted" and _search_due(leak, module):
+        _search(record, module, found, context,
+                reason="deferred" if (leak["search"] or {}).get("deferred") else "holders_changed")
+        _log(record)
+        _emit_leak(record, reason=leak["search"].get("reason") if leak["search"] else "holders_changed")
+        return
+    STATE.events.emit("leak_seen", model=record.model, model_id=record.model_id, owner=record.owner._asdict(),
+                      stage=leak["stage"], sightings=leak["sightings"], prompt_id=prompt_id)
+
+
+def _search_due(leak, module):
+    """A new search is due when the last one was deferred, or when the module's reference count moved since the
+    last search (its holders may have changed), checked at most after 1, 2, 4, 8 ... sightings."""
+    search = leak["search"] or {}
+    if search.get("deferred"):
+        return True
+    if leak["sightings"] < leak["next_check"]:
+        return False
+    leak["next_check"] = leak["sightings"] * 2
+    return leak["refs"] is not None and sys.getrefcount(module) - _OWN_REFS != leak["refs"]
+
+
+def _search(record, module, found, context, reason):
+    """Run a strict holder search of ``module`` within what is left of the prompt's cap; store it on the record.
+
+    ``context`` is ``(budget window, reporting frame)``: the frames from the search out to the reporting frame hold
+    the module only to pass it on and are not reported as holders.
+    """
+    window, reporting_frame = context
+    leaks = book()
+    budget = leaks.remaining(window)
+    leak = record.leak
+    if budget <= 0:
+        leak["search"] = {"deferred": True, "reason": reason,
+                          "note": "COMFY_MEMX_LEAK_BUDGET of this prompt is spent; searched in a later prompt"}
+        return None
+    from comfy_memx.leaks import holders
+    report = holders.find_holders(module, budget_s=budget, ignore=_ignored(found),
+                                  ignore_frames_up_to=reporting_frame)
+    leaks.spend(report.seconds)
+    leak["referrers"] = [referrer_of(chain) for chain in report.chains]
+    leak["search"] = dict(_search_summary(report), reason=reason)
+    leak["searches"] += 1
+    leak["refs"] = sys.getrefcount(module) - _OWN_REFS
+    return report
+
+
+def search_now(record, ignore=(), budget_s=None):
+    """Search the holders of a leaked model now (a user asked); returns its referrers and search summary.
+
+    Runs on the caller's thread with its own budget (``COMFY_MEMX_LEAK_BUDGET`` unless given), outside any prompt's
+    cap; updates the record's leak state when the model is a known leak.
+    """
+    module = record.module_ref()
+    if module is None:
+        return {"holders": [], "search": {"note": "freed before the search"}}
+    from comfy_memx.leaks import holders
+    try:
+        report = holders.find_holders(module, budget_s=budget_s or STATE.config.leak_budget,
+                                      ignore=[*ignore, *STATE.ledger.containers()],
+                                      ignore_frames_up_to=sys._getframe())
+        refs = sys.getrefcount(module) - _OWN_REFS
+    finally:
+        del module
+    referrers = [referrer_of(chain) for chain in report.chains]
+    summary = dict(_search_summary(report), reason="requested", note=report.note or None)
+    if record.leak is not None and record.leak["stage"] == "rooted":
+        record.leak.update(referrers=referrers, search=summary, refs=refs)
+        record.leak["searches"] += 1
+    return {"holders": referrers, "search": summary}
+
+
+def public_state(leak):
+    """The leak state of a record as the surfaces show it (None when the model is not a known leak)."""
+    if leak is None:
+        return None
+    return {key: leak[key] for key in ("stage", "prompt_id", "time", "last_prompt", "last_seen", "sightings",
+                                       "searches", "referrers", "search")}
+
+
+def referrer_of(chain):
+    """The JSON form of one holder chain, as every surface shows it."""
+    return {"path": chain.path, "package": chain.package, "root_kind": chain.root_kind}
 
 
 def _ignored(found):
     return [found, *STATE.ledger.containers()]
-
-
-def _search_holders(module, found, reporting_frame):
-    from comfy_memx.leaks import holders
-    return holders.find_holders(module, budget_s=STATE.config.leak_budget, ignore=_ignored(found),
-                                ignore_frames_up_to=reporting_frame)
 
 
 def _search_summary(report):
@@ -122,13 +260,11 @@ def _search_summary(report):
             "complete": report.complete}
 
 
-def _rooted_referrers(report):
-    return ([{"path": c.path, "package": c.package, "root_kind": c.root_kind} for c in report.chains],
-            _search_summary(report))
-
-
-def _cycle_referrers(cycle):
-    return [{"path": cycle.text, "package": None, "root_kind": "cycle"}], _search_summary(cycle)
+def _emit_leak(record, reason):
+    leak = record.leak
+    STATE.events.emit("leak", model=record.model, model_id=record.model_id, owner=record.owner._asdict(),
+                      stage=leak["stage"], referrers=leak["referrers"], search=leak["search"],
+                      sightings=leak["sightings"], reason=reason)
 
 
 def _write_graph(record, stage, report):
@@ -138,7 +274,6 @@ def _write_graph(record, stage, report):
     import subprocess
     from comfy_memx.leaks import holders
     try:
-        os.makedirs(STATE.config.leak_graph, exist_ok=True)
         base = os.path.join(STATE.config.leak_graph, f"{record.model_id.replace('#', '-')}-{stage}-{os.getpid()}")
         with open(base + ".dot", "w", encoding="utf-8") as f:
             f.write(holders.to_dot(report))
@@ -150,9 +285,11 @@ def _write_graph(record, stage, report):
         log.warning("comfy_memx: cannot write the leak graph to %s (%s)", STATE.config.leak_graph, exc)
 
 
-def _log(record, stage, referrers, search):
+def _log(record):
+    leak = record.leak
     who = f"{record.model} ({record.model_id}), loaded by {record.owner.describe()}"
-    if stage == "cycle":
+    referrers, search = leak["referrers"], leak["search"]
+    if leak["stage"] == "cycle":
         log.info("comfy_memx: %s was held only by a reference cycle; ComfyUI's garbage collection freed it", who)
         for ref in referrers:
             log.info("comfy_memx:   cycle: %s", ref["path"])
@@ -160,11 +297,15 @@ def _log(record, stage, referrers, search):
     if STATE.config.leak_mode != "strict":
         log.warning("comfy_memx: leaked model %s; run with COMFY_MEMX_LEAK_MODE=strict to name what holds it", who)
         return
-    log.warning("comfy_memx: leaked model %s is held by %d reference chain(s)%s", who, len(referrers),
-                "" if not search or search["complete"] else " (search incomplete: budget or depth ran out)")
+    if search is not None and search.get("deferred"):
+        log.warning("comfy_memx: leaked model %s; its holder search waits for a later prompt (%s)", who,
+                    search["note"])
+        return
+    again = " (searched again: its holders changed)" if leak["searches"] > 1 else ""
+    log.warning("comfy_memx: leaked model %s is held by %d reference chain(s)%s%s", who, len(referrers),
+                "" if not search or search.get("complete") else " (search incomplete: budget or depth ran out)", again)
     for ref in referrers:
         log.warning("comfy_memx:   %s  [package %s, %s]", ref["path"], ref["package"], ref["root_kind"])
     if not referrers:
         log.warning("comfy_memx:   no holder reachable by the garbage collector: it is held from C code or by an "
                     "object the search skips")
-

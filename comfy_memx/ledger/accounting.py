@@ -69,6 +69,33 @@ class _LoadStack(threading.local):
 _loads = _LoadStack()
 
 
+class _UnloadedInLoad(threading.local):
+    def __init__(self):
+        self.scopes = []
+
+
+_unloaded_in_load = _UnloadedInLoad()
+
+
+def begin_load_scope():
+    """A ``load_models_gpu`` call starts on this thread: full unloads during it are noted (see :func:`note_unloaded`)."""
+    _unloaded_in_load.scopes.append(set())
+
+
+def end_load_scope():
+    """The ``load_models_gpu`` call ends: returns the ids of the module weakrefs that ``model_unload`` fully unloaded
+    during it (its clone-replacement check skips them; they were reported by the unload)."""
+    scopes = _unloaded_in_load.scopes
+    return scopes.pop() if scopes else set()
+
+
+def note_unloaded(module_ref):
+    """``model_unload`` fully unloaded the entry whose ``real_model`` weakref is ``module_ref``."""
+    scopes = _unloaded_in_load.scopes
+    if scopes:
+        scopes[-1].add(id(module_ref))
+
+
 def publish_loads(on):
     """Make the load_models_gpu wrapper publish :class:`LoadCall` objects (the pin budget turns this on; without
     it load_models_gpu pays nothing for them)."""
@@ -140,7 +167,7 @@ def on_load(entry, patcher, loaded_before, seconds, caller_frame):
                             seconds=round(seconds, 6), gb_per_s=_rate(moved, seconds))
 
 
-def on_unload(entry, patcher, module, loaded_before, loaded_after, fully, seconds, refcounts, reason=None):
+def on_unload(patcher, module, loaded_before, loaded_after, fully, seconds, refcounts, reason=None):
     """Record one unload (``model_unload`` or a silent clone replacement) and emit an ``unload`` event."""
     if module is None:
         return

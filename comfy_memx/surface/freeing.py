@@ -1,22 +1,31 @@
 """``POST /memx/free``'s engine: follow one free request through ComfyUI's prompt worker and write its receipt.
 
-ComfyUI's own ``POST /free`` only sets flags on the prompt queue and answers at once; the prompt worker acts on
-them after the prompt it is running (if any): ``unload_all_models()``, then ``executor.reset()`` for
-``free_memory``, then ``gc.collect()`` and ``soft_empty_cache()`` in the same turn (0.3.64 and 0.27.0 main.py).
-A :class:`FreeWatch` sees that sequence without touching ComfyUI:
+ComfyUI's own ``POST /free`` only sets flags on the prompt queue and answers at once.  The prompt worker reads (and
+clears) them with ``PromptQueue.get_flags()`` after the prompt it is running, if any, and acts on what it read:
+``unload_all_models()`` (``unload_models``, which defaults to ``free_memory``), ``executor.reset()``
+(``free_memory``), then ``gc.collect()`` and ``soft_empty_cache()`` in the same turn (0.3.64, 0.27.0 and 0.33.0
+main.py).  A request is matched to the worker run that *consumed its flags*, exactly:
 
-* ``waiting``: the flags are set, the worker has not started on them;
-* ``unloading``: the worker's ``unload_all_models`` for /free runs (announced by
-  ``STATE.free_request_hooks``); its ``unload`` events are collected;
-* ``collecting``: it returned; the worker resets its caches and collects garbage next;
-* ``done``: a full (generation 2) collection finished on the worker's thread (seen through ``gc.callbacks``).
-  An automatic full collection that happens to run on that thread during the cache reset ends the wait a moment
-  early (rare; the receipt could then list a model that the reset frees right after).
+* :func:`submit` registers the request and sets its flags while holding the queue's own mutex (ComfyUI's
+  ``RLock``, which ``set_flag`` and ``get_flags`` take too), and the ``get_flags`` wrapper
+  (``patches/execution.py``) takes that mutex around ComfyUI's call, so every request registered before a
+  ``get_flags`` belongs to the :class:`WorkerRun` it starts, and every later one to a later run;
+* the run then goes ``unloading`` (until the worker's ``unload_all_models`` returns), ``resetting`` (until
+  ``PromptExecutor.reset`` returns) and ``collecting`` (until a full, generation-2 collection ends on the worker's
+  thread, seen through ``gc.callbacks``), then ``done``; its ``unload`` events are collected on the way;
+* a request that gives up before the worker read its flags (``timeout``) withdraws them, unless another waiting
+  request or another client (ComfyUI's own ``/free``) set the same flag: our flags are never left behind to fire
+  an unrequested unload after the next prompt;
+* while a request waits, :func:`nudge` wakes the worker with the queue's condition instead of setting the flags
+  again.  # COMFY: the worker reads the flags after each prompt, collects garbage, then waits on the queue (up to
+  1000 s); a flag set between its read and its wait wakes nobody.
 
-The receipt then lists what was freed, what ComfyUI still has loaded, and the survivors: models whose torch
-module is alive although ComfyUI no longer holds them, each with the holder chains of a time-bounded strict
-search.  Everything is held by weakref or ``model_id``; a module is strong only inside one search.
-The hooks are installed only while a request waits.
+Lock rule (README, "Threads and locks"): the desk's lock is never taken by the ``gc.callbacks`` hook or any weakref
+callback; the hook reads the run of its own thread from a dict and only the worker thread writes a run's phase.
+
+The receipt lists what was freed, what ComfyUI still has loaded, and the survivors: models whose torch module is
+alive although ComfyUI no longer holds them, each with the holder chains of a time-bounded strict search.
+Everything is held by weakref or ``model_id``; a module is strong only inside one search.
 """
 
 import gc
@@ -24,43 +33,73 @@ import sys
 import threading
 import time
 
+from comfy_memx.core import registry
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.state import STATE
+from comfy_memx.leaks import watch as leakwatch
 from comfy_memx.surface.readmodel import still_loaded
 
-MAX_SEARCHED = 8          # survivors per request that get a holder search (each bounded by COMFY_MEMX_LEAK_BUDGET)
-
-_lock = threading.RLock()  # re-entrant: a gc callback can run on a thread that holds it
-
-
-class FreeDesk:
-    """The free requests being followed in this process (a part of the process state)."""
-
-    def __init__(self):
-        self.watches = []
-        self.runs_started = 0
-        self.subscribed_to = None
+MAX_SEARCHED = 8  # survivors per request that get a holder search (each bounded by COMFY_MEMX_LEAK_BUDGET)
+FLAGS = ("unload_models", "free_memory")
 
 
-def _desk():
-    return STATE.part(FreeDesk)
+class WorkerRun:
+    """One turn of ComfyUI's prompt worker that read free flags, on its own thread; holds no model."""
+
+    def __init__(self, thread_id, flags, requests, observe_unload, observe_reset):
+        self.thread_id = thread_id
+        self.free_memory = bool(flags.get("free_memory", False))
+        self.unload_models = bool(flags.get("unload_models", self.free_memory))
+        self.requests = requests
+        self.unloads = []              # the worker's unload events of this run (plain dicts)
+        self.started = time.time()
+        self.finished = None
+        if self.unload_models and observe_unload:
+            self.phase = "unloading"
+        elif self.free_memory and observe_reset:
+            self.phase = "resetting"
+        else:
+            self.phase = "collecting"
+
+    def unload_ended(self):
+        """The worker's ``unload_all_models`` returned."""
+        if self.phase == "unloading":
+            self.phase = "resetting" if self.free_memory else "collecting"
+
+    def reset_ended(self):
+        """The worker's ``PromptExecutor.reset`` returned."""
+        if self.phase in ("unloading", "resetting"):
+            self.phase = "collecting"
+
+    def finish(self):
+        """The worker collected garbage: wake every request of this run (called on the worker's thread)."""
+        self.phase = "done"
+        self.finished = time.time()
+        for request in self.requests:
+            request.finished()
 
 
-class FreeWatch:
+class FreeRequest:
     """One free request, from its flags to the worker's garbage-collection pass; holds no model."""
 
-    def __init__(self, unload_models, free_memory):
+    def __init__(self, queue, unload_models, free_memory):
+        self.queue = queue
         self.unload_models = unload_models
         self.free_memory = free_memory
-        self.state = "waiting"
+        self.keys = tuple(name for name, wanted in zip(FLAGS, (unload_models, free_memory)) if wanted)
         self.began = time.time()
-        self.finished = None
-        self.after_run = 0           # worker runs started before this request; a later one is ours
-        self.thread_id = None        # the prompt worker's thread, once it started on our flags
-        self.unloads = []            # the worker's unload events for this request (plain dicts)
+        self.run = None               # the WorkerRun that consumed this request's flags
+        self.withdrawn = False
         self.before = {r.model_id: r for r in STATE.ledger.records()}  # records only: weakrefs to modules
         self._event = threading.Event()
         self._callbacks = []
+
+    @property
+    def state(self):
+        """``waiting`` (flags set, not read yet), ``withdrawn``, or the phase of the run that read them."""
+        if self.run is not None:
+            return self.run.phase
+        return "withdrawn" if self.withdrawn else "waiting"
 
     @property
     def done(self):
@@ -72,147 +111,252 @@ class FreeWatch:
         return self._event.wait(timeout)
 
     def add_done_callback(self, callback):
-        """Call ``callback()`` (on the worker's thread) when the request is done; at once if it already is."""
-        with _lock:
-            if not self.done:
-                self._callbacks.append(callback)
-                return
-        callback()
+        """Call ``callback()`` when the request is done (on the worker's thread); at once if it already is.
 
-    def _finish(self):
-        self.state = "done"
-        self.finished = time.time()
+        The callback must not block or take a lock that the waiting thread holds (``loop.call_soon_threadsafe``).
+        """
+        self._callbacks.append(callback)
+        if self.done and self._callbacks:
+            self._run_callbacks()
+
+    def finished(self):
+        """Mark done and run the callbacks (the run calls this on the worker's thread)."""
         self._event.set()
-        callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
+        self._run_callbacks()
+
+    def _run_callbacks(self):
+        while self._callbacks:
+            try:
+                callback = self._callbacks.pop()
+            except IndexError:
+                return
             try:
                 callback()
             except Exception as exc:
                 internal_error("free-request callback", exc)
 
 
-def begin(unload_models=True, free_memory=True):
-    """Start following a free request; call before setting ComfyUI's flags, and :func:`end` afterwards."""
-    watch = FreeWatch(unload_models, free_memory)
-    with _lock:
-        watch.after_run = _desk().runs_started
-        _desk().watches.append(watch)
-        if _on_free_phase not in STATE.free_request_hooks:
-            STATE.free_request_hooks.append(_on_free_phase)
-        if _on_gc not in gc.callbacks:
-            gc.callbacks.append(_on_gc)
-        if _desk().subscribed_to is not STATE.events:
-            _unsubscribe()
-            _desk().subscribed_to = STATE.events
-            _desk().subscribed_to.subscribe(_on_event)
-    return watch
+class FreeDesk:
+    """The free requests and worker runs followed in this process (a part of the process state)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()  # never taken by the gc hook or a weakref callback
+        self.pending = []             # requests whose flags are set and not read by the worker yet
+        self.runs = {}                # worker thread id -> WorkerRun in progress (read lock-free by the gc hook)
+        self.external = set()         # flag names that someone else set while requests were pending
+        self.events = None            # the EventLog we subscribed to while following requests
+        self.local = threading.local()
+
+    def busy(self):
+        """True while a request waits or a run is in progress."""
+        return bool(self.pending or self.runs)
+
+    def close(self):
+        """Remove the hooks (reset of the process state)."""
+        self.pending.clear()
+        self.runs.clear()
+        _uninstall(self)
 
 
-def end(watch):
-    """Stop following ``watch``; the hooks are removed when no request waits any more."""
-    with _lock:
-        if watch in _desk().watches:
-            _desk().watches.remove(watch)
-        if _desk().watches:
-            return
-        if _on_free_phase in STATE.free_request_hooks:
-            STATE.free_request_hooks.remove(_on_free_phase)
-        if _on_gc in gc.callbacks:
-            gc.callbacks.remove(_on_gc)
-        _unsubscribe()
+def _desk():
+    return STATE.part(FreeDesk)
+
+
+def submit(queue, unload_models=True, free_memory=True, follow=True):
+    """Register a free request and set ComfyUI's flags for it on ``queue`` (its ``PromptQueue``), atomically with
+    respect to the worker's ``get_flags``; returns the :class:`FreeRequest`.  Call :func:`end` when done with it.
+
+    With ``follow=False`` (the worker cannot be followed: the ``execution`` patch is off) the flags are only set,
+    as ComfyUI's own ``/free`` does, and never withdrawn.
+    """
+    desk = _desk()
+    request = FreeRequest(queue, unload_models, free_memory)
+    if not follow:
+        for name in request.keys:
+            queue.set_flag(name, True)
+        return request
+    with queue.mutex:
+        flags = getattr(queue, "flags", {})
+        with desk.lock:
+            ours = {name for other in desk.pending for name in other.keys}
+            already = {name for name in request.keys if flags.get(name) and name not in ours}
+            desk.pending.append(request)
+            desk.external.update(already)
+            _install(desk)
+        desk.local.setting = True
+        try:
+            for name in request.keys:
+                queue.set_flag(name, True)
+        finally:
+            desk.local.setting = False
+    return request
+
+
+def end(request):
+    """Stop following ``request``: withdraw its flags if the worker has not read them (see the module docstring)."""
+    desk = _desk()
+    queue = request.queue
+    with queue.mutex:
+        with desk.lock:
+            if request in desk.pending:
+                desk.pending.remove(request)
+                request.withdrawn = True
+                wanted = {name for other in desk.pending for name in other.keys} | desk.external
+                flags = getattr(queue, "flags", {})
+                for name in request.keys:
+                    if name not in wanted:
+                        flags.pop(name, None)
+            if not desk.busy():
+                desk.external.clear()
+                _uninstall(desk)
+
+
+def nudge(request):
+    """Wake the prompt worker while ``request`` waits for it; returns True when it did."""
+    if request.run is not None or request.withdrawn:
+        return False
+    queue = request.queue
+    with queue.mutex:
+        queue.not_empty.notify()
+    return True
 
 
 def waiting():
-    """How many free requests are being followed now."""
-    with _lock:
-        return len(_desk().watches)
+    """How many free requests wait for the worker to read their flags."""
+    desk = STATE.existing_part(FreeDesk)
+    return len(desk.pending) if desk is not None else 0
 
 
-def _unsubscribe():
-    if _desk().subscribed_to is not None:
-        _desk().subscribed_to.unsubscribe(_on_event)
-        _desk().subscribed_to = None
+# -- the worker side: called by the wrappers in patches/execution.py and the unload scope of model_management ----
+
+def flag_set(queue, name):
+    """``PromptQueue.set_flag`` is about to set ``name``: remember it when someone else sets a flag we wait on."""
+    desk = STATE.existing_part(FreeDesk)
+    if desk is not None and desk.pending and not getattr(desk.local, "setting", False):
+        with desk.lock:
+            desk.external.add(name)
+
+
+def read_flags(queue, original, args, kwargs):
+    """Run ComfyUI's ``get_flags`` under the queue's mutex and give the waiting requests to the run it starts."""
+    desk = STATE.existing_part(FreeDesk)
+    if desk is None or not desk.pending:
+        return original(queue, *args, **kwargs)
+    with queue.mutex:
+        flags = original(queue, *args, **kwargs)
+        if args[0] if args else kwargs.get("reset", True):
+            try:
+                _start_run(desk, queue, flags)
+            except Exception as exc:
+                internal_error("free request tracking", exc)
+    return flags
+
+
+def _start_run(desk, queue, flags):
+    with desk.lock:
+        taken = [request for request in desk.pending if request.queue is queue]
+        desk.pending = [request for request in desk.pending if request.queue is not queue]
+        desk.external.clear()
+    if not taken:
+        return
+    run = WorkerRun(threading.get_ident(), flags, taken,
+                    observe_unload=registry.is_patched("model_management", "unload_all_models"),
+                    observe_reset=registry.is_patched("execution", "PromptExecutor.reset"))
+    for request in taken:
+        request.run = run
+    desk.runs[run.thread_id] = run
+
+
+def reset_ended():
+    """The worker's ``PromptExecutor.reset`` returned (the ``free_memory`` part of a run)."""
+    run = _my_run()
+    if run is not None:
+        run.reset_ended()
+
+
+def _my_run():
+    desk = STATE.existing_part(FreeDesk)
+    return desk.runs.get(threading.get_ident()) if desk is not None else None
 
 
 def _on_free_phase(phase):
-    me = threading.get_ident()
-    with _lock:
-        if phase == "start":
-            _desk().runs_started += 1
-            for watch in _desk().watches:
-                if watch.state == "waiting" and watch.after_run < _desk().runs_started:
-                    watch.state, watch.thread_id = "unloading", me
-        elif phase == "end":
-            for watch in _desk().watches:
-                if watch.state == "unloading" and watch.thread_id == me:
-                    watch.state = "collecting"
+    if phase == "end":
+        run = _my_run()
+        if run is not None:
+            run.unload_ended()
 
 
 def _on_gc(phase, info):
     if phase != "stop" or info.get("generation") != 2:
         return
+    desk = STATE.existing_part(FreeDesk)
+    if desk is None:
+        return
     me = threading.get_ident()
-    with _lock:
-        finished = [w for w in _desk().watches if w.state == "collecting" and w.thread_id == me]
-        for watch in finished:
-            watch._finish()
+    run = desk.runs.get(me)
+    if run is None or run.phase != "collecting":
+        return
+    desk.runs.pop(me, None)
+    run.finish()
 
 
 def _on_event(event):
     if event.get("event") != "unload" or event.get("reason") != "free_request":
         return
-    me = threading.get_ident()
-    with _lock:
-        for watch in _desk().watches:
-            if watch.state == "unloading" and watch.thread_id == me:
-                watch.unloads.append({"model": event.get("model"), "model_id": event.get("model_id"),
-                                      "bytes": event.get("bytes", 0), "device": event.get("device")})
+    run = _my_run()
+    if run is not None and run.phase == "unloading":
+        run.unloads.append({"model": event.get("model"), "model_id": event.get("model_id"),
+                            "bytes": event.get("bytes", 0), "device": event.get("device")})
 
 
-def set_flags(watch, prompt_queue):
-    """Set ComfyUI's ``/free`` flags for ``watch`` (the same flags its own POST /free sets)."""
-    if watch.unload_models:
-        prompt_queue.set_flag("unload_models", True)
-    if watch.free_memory:
-        prompt_queue.set_flag("free_memory", True)
+def _install(desk):
+    if _on_free_phase not in STATE.free_request_hooks:
+        STATE.free_request_hooks.append(_on_free_phase)
+    if _on_gc not in gc.callbacks:
+        gc.callbacks.append(_on_gc)
+    if desk.events is not STATE.events:
+        if desk.events is not None:
+            desk.events.unsubscribe(_on_event)
+        desk.events = STATE.events
+        desk.events.subscribe(_on_event)
 
 
-def nudge(watch, prompt_queue):
-    """Set the flags again while the worker has not started on them; returns True when it did.
-
-    # COMFY: the prompt worker reads the flags after each prompt, then collects garbage, then waits on the queue
-    # (up to 1000 s).  A flag set between its read and its wait wakes nobody, so it would sit until the next prompt.
-    """
-    if watch.state != "waiting":
-        return False
-    set_flags(watch, prompt_queue)
-    return True
+def _uninstall(desk):
+    if _on_free_phase in STATE.free_request_hooks:
+        STATE.free_request_hooks.remove(_on_free_phase)
+    if _on_gc in gc.callbacks:
+        gc.callbacks.remove(_on_gc)
+    if desk.events is not None:
+        desk.events.unsubscribe(_on_event)
+        desk.events = None
 
 
 def prompt_running(prompt_queue):
     """True when ComfyUI's prompt worker is executing a prompt (the flags wait for it)."""
-    running = getattr(prompt_queue, "currently_running", None)
-    return bool(running)
+    return bool(getattr(prompt_queue, "currently_running", None))
 
 
-def receipt(watch, model_management=None, search_holders=True):
-    """The receipt of ``watch``: freed, still_loaded, survivors (with holder chains when ``search_holders``).
+# -- the receipt -----------------------------------------------------------------------------------------------------
 
-    Survivors are taken among the models alive when the request began, plus every leaked model: with
-    ``free_memory`` ComfyUI has dropped its caches, so any of them still alive is kept by something else; with
-    ``unload_models`` only, a model counts when ComfyUI warned about it or no ModelPatcher refers to it any more.
-    Before the worker is done only the leaked ones are known, and no search runs.
+def receipt(request, model_management=None, search_holders=True):
+    """The receipt of ``request``: freed, still_loaded, survivors (with holder chains when ``search_holders``).
+
+    Survivors are taken among the models alive when the request began, plus every leaked model.  When the run that
+    served the request reset ComfyUI's caches (``free_memory``, ours or another client's in the same run), any of
+    them still alive is kept by something else; after an unload only, a model counts when ComfyUI warned about it
+    or no ModelPatcher refers to it any more.  Before the worker is done only the leaked ones are known, and no
+    search runs.
     """
     if model_management is None:
         model_management = sys.modules.get("comfy.model_management")
     loaded = still_loaded(model_management)
     loaded_ids = {row["model_id"] for row in loaded}
-    freed = _freed(watch)
-    survivors = _survivors(watch, loaded_ids)
+    freed = _freed(request)
+    survivors = _survivors(request, loaded_ids)
     if search_holders:
         for survivor, record in survivors[:MAX_SEARCHED]:
             try:
-                survivor.update(_holders_of(record, [watch, survivors]))
+                survivor.update(leakwatch.search_now(record, ignore=[request, survivors]))
             except Exception as exc:  # a failed search leaves the survivor listed, with the error
                 survivor["search"] = {"error": f"{type(exc).__name__}: {exc}"}
                 try:
@@ -221,32 +365,37 @@ def receipt(watch, model_management=None, search_holders=True):
                     pass
         for survivor, _ in survivors[MAX_SEARCHED:]:
             survivor["search"] = {"note": f"not searched: only {MAX_SEARCHED} survivors are searched per request"}
+    for survivor, record in survivors:
+        survivor["leak"] = leakwatch.public_state(record.leak)
     rows = [survivor for survivor, _ in survivors]
-    waited = (watch.finished or time.time()) - watch.began
-    return {"status": "done" if watch.done else "pending", "worker": watch.state, "waited_s": round(waited, 3),
-            "request": {"unload_models": watch.unload_models, "free_memory": watch.free_memory},
+    run = request.run
+    finished = run.finished if run is not None and run.finished else time.time()
+    return {"status": "done" if request.done else "pending", "worker": request.state,
+            "waited_s": round(finished - request.began, 3),
+            "request": {"unload_models": request.unload_models, "free_memory": request.free_memory},
+            "run": {"unload_models": run.unload_models, "free_memory": run.free_memory,
+                    "requests": len(run.requests)} if run is not None else None,
             "freed": freed, "freed_bytes": sum(row["unloaded_bytes"] for row in freed),
             "released_bytes": sum(row["bytes"] for row in freed if row["released"]),
             "still_loaded": loaded, "survivors": rows,
             "survivor_bytes": sum(row["bytes"] for row in rows)}
 
 
-def _freed(watch):
-    with _lock:
-        unloads = list(watch.unloads)
+def _freed(request):
+    run = request.run
     by_id = {}
-    for unload in unloads:
+    for unload in list(run.unloads) if run is not None else ():
         row = by_id.setdefault(unload["model_id"], {"model": unload["model"], "model_id": unload["model_id"],
                                                     "unloaded_bytes": 0, "device": unload["device"]})
         row["unloaded_bytes"] += int(unload["bytes"] or 0)
-    if watch.done:
-        for model_id, record in watch.before.items():
+    if request.done:
+        for model_id, record in request.before.items():
             if not record.alive and model_id not in by_id:
                 by_id[model_id] = {"model": record.model, "model_id": model_id, "unloaded_bytes": 0,
                                    "device": record.device}
     rows = []
     for model_id, row in by_id.items():
-        record = watch.before.get(model_id)
+        record = request.before.get(model_id)
         row["bytes"] = record.model_bytes if record is not None else 0
         row["released"] = record is not None and not record.alive
         row["owner"] = record.owner._asdict() if record is not None else None
@@ -254,23 +403,24 @@ def _freed(watch):
     return rows
 
 
-def _survivors(watch, loaded_ids):
-    candidates = dict(watch.before) if watch.done else {}
+def _survivors(request, loaded_ids):
+    candidates = dict(request.before) if request.done else {}
     for record in STATE.ledger.records():
         if record.leak is not None:
             candidates.setdefault(record.model_id, record)
+    caches_reset = request.run is not None and request.run.free_memory
     found = []
     for model_id, record in candidates.items():
         if model_id in loaded_ids or not record.alive:
             continue
         why = _why_alive(record)
-        if why == "kept" and not (watch.done and watch.free_memory):
+        if why == "kept" and not (request.done and caches_reset):
             continue
         module = record.module_ref()
         resident = int(getattr(module, "model_loaded_weight_memory", 0) or 0) if module is not None else 0
         del module
         found.append(({"model": record.model, "model_id": model_id, "owner": record.owner._asdict(),
-                       "bytes": record.model_bytes, "resident_bytes": resident, "reason": why, "leak": record.leak,
+                       "bytes": record.model_bytes, "resident_bytes": resident, "reason": why, "leak": None,
                        "holders": None, "search": None}, record))
     return found
 
@@ -281,19 +431,3 @@ def _why_alive(record):
     if record.live_patchers() == 0:
         return "orphaned"
     return "kept"
-
-
-def _holders_of(record, ignore):
-    from comfy_memx.leaks import holders
-    module = record.module_ref()
-    if module is None:
-        return {"holders": [], "search": {"note": "freed before the search"}}
-    try:
-        report = holders.find_holders(module, budget_s=STATE.config.leak_budget,
-                                      ignore=[*ignore, *STATE.ledger.containers()],
-                                      ignore_frames_up_to=sys._getframe())
-    finally:
-        del module
-    return {"holders": [{"path": c.path, "package": c.package, "root_kind": c.root_kind} for c in report.chains],
-            "search": {"seconds": round(report.seconds, 4), "objects_visited": report.objects_visited,
-                       "complete": report.complete, "note": report.note or None}}

@@ -16,7 +16,9 @@ comfy_memx_loads_total                     counter    package
 comfy_memx_load_bytes_total                counter    package
 comfy_memx_unloads_total                   counter    reason, package
 comfy_memx_unload_bytes_total              counter    reason
-comfy_memx_leaks_total                     counter    package, stage
+comfy_memx_leaks_total                     counter    package, stage (once per leaked model)
+comfy_memx_leak_sightings_total            counter    package: later prompts that saw a known leak again
+comfy_memx_leak_searches_total             counter    reason (new, holders_changed, deferred)
 comfy_memx_pin_evictions_total             counter    reason
 comfy_memx_pin_evicted_bytes_total         counter    reason
 comfy_memx_pin_refusals_total              counter    reason
@@ -72,7 +74,11 @@ class Metrics:
         self.load_bytes = counter("load_bytes", "Bytes moved onto devices by model loads", ["package"])
         self.unloads = counter("unloads", "Model unloads by reason", ["reason", "package"])
         self.unload_bytes = counter("unload_bytes", "Bytes freed on devices by model unloads", ["reason"])
-        self.leaks = counter("leaks", "Leaked models reported after ComfyUI's leak warning", ["package", "stage"])
+        self.leaks = counter("leaks", "Leaked models reported after ComfyUI's leak warning (once per model)",
+                             ["package", "stage"])
+        self.leak_sightings = counter("leak_sightings", "Prompts in which ComfyUI warned again about a known leak",
+                                      ["package"])
+        self.leak_searches = counter("leak_searches", "Strict holder searches run after leak warnings", ["reason"])
         self.pin_evictions = counter("pin_evictions", "Pinned-memory evictions", ["reason"])
         self.pin_evicted_bytes = counter("pin_evicted_bytes", "Pinned bytes evicted", ["reason"])
         self.pin_refusals = counter("pin_refusals", "Pin requests refused", ["reason"])
@@ -101,7 +107,13 @@ class Metrics:
             if event.get("seconds") is not None:
                 self.offload_seconds.observe(event["seconds"])
         elif kind == "leak":
-            self.leaks.labels(_package(event), str(event.get("stage") or "?")).inc()
+            if event.get("reason", "new") == "new":
+                self.leaks.labels(_package(event), str(event.get("stage") or "?")).inc()
+            search = event.get("search") or {}
+            if "seconds" in search:
+                self.leak_searches.labels(str(event.get("reason") or "new")).inc()
+        elif kind == "leak_seen":
+            self.leak_sightings.labels(_package(event)).inc()
         elif kind == "pin_evict":
             reason = str(event.get("reason") or "?")
             self.pin_evictions.labels(reason).inc()

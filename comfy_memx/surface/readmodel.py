@@ -10,6 +10,7 @@ import math
 import sys
 
 from comfy_memx.core.state import STATE
+from comfy_memx.leaks import watch as leakwatch
 from comfy_memx.pins import session as pin_session
 
 MAX_TEXT = 300
@@ -85,7 +86,7 @@ def _row(record, module, mm, listed):
             "loaded_at": record.loaded_at, "last_used": record.last_used, "loads": record.loads,
             "unloads": len(record.unloads),
             "last_unload": {k: last[k] for k in ("reason", "bytes", "time")} if last else None,
-            "in_comfyui_loaded_list": id(module) in listed, "leak": record.leak}
+            "in_comfyui_loaded_list": id(module) in listed, "leak": leakwatch.public_state(record.leak)}
 
 
 def _parameter_device(module):

@@ -6,11 +6,13 @@ route                  method  answer
 ``/memx/models``       GET     JSON list: one object per model in the ledger (loaded, offloaded or leaked)
 ``/memx/free``         POST    ComfyUI's ``/free`` body; waits for the prompt worker, then the receipt (200), or
                                what is known when ``?timeout=`` seconds (default 60) passed first (202)
+``/memx/models/{id}/   POST    a strict holder search of one live model now (bounded by COMFY_MEMX_LEAK_BUDGET);
+search``                       404 for an unknown model_id
 ``/metrics``           GET     Prometheus text (``surface.metrics``); only when no other extension serves it
 ``/memx/metrics``      GET     the same, always
 =====================  ======  ==================================================================================
 
-ComfyUI also serves each of them under ``/api``.  Apart from ``/memx/free`` they only read state; none accepts a
+ComfyUI also serves each of them under ``/api``.  Apart from the two POSTs they only read state; none accepts a
 file path; answers hold names and numbers, never tensors (``readmodel.clip``: strings cut to 300 characters,
 objects that are not JSON values shown as ``<TypeName>``, never through their ``repr``).  A failing handler answers
 an error JSON (``{"error", "message"}``) and the server keeps serving.  aiohttp is imported by :func:`register`
@@ -24,13 +26,15 @@ import math
 
 from comfy_memx.core import registry
 from comfy_memx.core.errors import internal_error
+from comfy_memx.core.state import STATE
+from comfy_memx.leaks import watch as leakwatch
 from comfy_memx.surface import freeing, metrics, readmodel
 
 log = logging.getLogger("comfy_memx")
 
 DEFAULT_TIMEOUT_S = 60.0
 MAX_TIMEOUT_S = 3600.0
-NUDGE_S = 0.5            # while the worker has not started on the flags, they are set again this often
+NUDGE_S = 0.5            # while the worker has not read the flags, it is woken this often
 METRICS_PATH = "/metrics"
 OWN_METRICS_PATH = "/memx/metrics"
 FREE_ALL = {"unload_models": True, "free_memory": True}
@@ -46,8 +50,9 @@ class HttpError(Exception):
 
 
 def can_observe_worker():
-    """True when the ``unload_all_models`` wrapper that announces /free work to :mod:`comfy_memx.freeing` is on."""
-    return registry.is_patched("model_management", "unload_all_models")
+    """True when the ``PromptQueue.get_flags`` wrapper, which hands free requests to the worker run that reads their
+    flags (``surface.freeing``), is on."""
+    return registry.is_patched("execution", "PromptQueue.get_flags")
 
 
 # -- the handlers --------------------------------------------------------------------------------------------------
@@ -65,7 +70,7 @@ class Handlers:
         return _json(rows)
 
     async def free(self, request):
-        """POST /memx/free: set ComfyUI's free flags, wait for the worker, answer the receipt."""
+        """POST /memx/free: set ComfyUI's free flags, wait for the worker run that reads them, answer the receipt."""
         body = await _free_body(request)
         timeout = _timeout(request)
         unload_models, free_memory = bool(body.get("unload_models", False)), bool(body.get("free_memory", False))
@@ -73,23 +78,35 @@ class Handlers:
             raise HttpError(400, "nothing_to_free", 'set "unload_models" and/or "free_memory" to true')
         queue = self.server.prompt_queue
         observable = can_observe_worker()
-        watch = freeing.begin(unload_models=unload_models, free_memory=free_memory)
+        running = freeing.prompt_running(queue)
+        ticket = freeing.submit(queue, unload_models=unload_models, free_memory=free_memory, follow=observable)
         try:
-            running = freeing.prompt_running(queue)
-            freeing.set_flags(watch, queue)
-            done = await _wait_done(watch, queue, timeout) if observable else False
-            loop = asyncio.get_running_loop()
-            receipt = await loop.run_in_executor(None, freeing.receipt, watch, None, done)
+            done = await _wait_done(ticket, timeout) if observable else False
         finally:
-            freeing.end(watch)
+            freeing.end(ticket)
+        loop = asyncio.get_running_loop()
+        receipt = await loop.run_in_executor(None, freeing.receipt, ticket, None, done)
         receipt["prompt_running_at_request"] = running
         if not observable:
-            receipt["note"] = ("comfy_memx's unload_all_models wrapper is off (COMFY_MEMX_DISABLE?), so the worker "
-                               "cannot be followed; the flags were set")
+            receipt["note"] = ("comfy_memx's PromptQueue.get_flags wrapper is off (COMFY_MEMX_DISABLE=execution?), "
+                               "so the worker cannot be followed; the flags were set")
+        elif not done and ticket.withdrawn:
+            receipt["note"] = (f"the prompt worker did not read the flags within {timeout:g} s (a running prompt "
+                               "delays it); they were withdrawn, nothing was unloaded for this request")
         elif not done:
-            receipt["note"] = (f"the prompt worker had not finished freeing after {timeout:g} s "
-                               "(a running prompt delays it); survivors so far are the leaked models only")
+            receipt["note"] = (f"the prompt worker had not finished freeing after {timeout:g} s; survivors so far "
+                               "are the leaked models only")
         return _json(receipt, status=200 if done else 202)
+
+    async def search(self, request):
+        """POST /memx/models/{model_id}/search: search the holders of one live model now (bounded)."""
+        model_id = request.match_info["model_id"]
+        record = next((r for r in STATE.ledger.records() if r.model_id == model_id), None)
+        if record is None:
+            raise HttpError(404, "unknown_model", f"no live model {model_id!r} (see GET /memx/models)")
+        loop = asyncio.get_running_loop()
+        found = await loop.run_in_executor(None, leakwatch.search_now, record)
+        return _json({"model": record.model, "model_id": model_id, **found})
 
     async def metrics(self, request):
         """GET /metrics and /memx/metrics: Prometheus text, or 501 without prometheus_client."""
@@ -131,7 +148,9 @@ def _timeout(request):
     return value
 
 
-async def _wait_done(watch, queue, timeout):
+async def _wait_done(ticket, timeout):
+    """Wait until the worker run that read ``ticket``'s flags is done, nudging the worker while it has not read
+    them; returns whether it is done."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     woken = loop.create_future()
@@ -146,16 +165,16 @@ async def _wait_done(watch, queue, timeout):
         except RuntimeError:  # the loop closed while the worker was freeing
             pass
 
-    watch.add_done_callback(wake)
-    while not watch.done:
+    ticket.add_done_callback(wake)
+    while not ticket.done:
         remaining = deadline - loop.time()
         if remaining <= 0:
             break
         try:
             await asyncio.wait_for(asyncio.shield(woken), min(NUDGE_S, remaining))
         except asyncio.TimeoutError:
-            freeing.nudge(watch, queue)
-    return watch.done
+            freeing.nudge(ticket)
+    return ticket.done
 
 
 def _json(payload, status=200):
@@ -208,9 +227,10 @@ def register(server):
     routes = server.routes
     routes.get("/memx/models")(_guarded("/memx/models", handlers.models))
     routes.post("/memx/free")(_guarded("/memx/free", handlers.free))
+    routes.post("/memx/models/{model_id}/search")(_guarded("/memx/models/{model_id}/search", handlers.search))
     metrics_handler = _guarded("metrics", handlers.metrics)
     routes.get(OWN_METRICS_PATH)(metrics_handler)
-    served = ["/memx/models", "/memx/free", OWN_METRICS_PATH]
+    served = ["/memx/models", "/memx/free", "/memx/models/{model_id}/search", OWN_METRICS_PATH]
     if metrics_path_taken(server):
         log.info("comfy_memx: another extension already serves %s; comfy_memx's metrics are at %s",
                  METRICS_PATH, OWN_METRICS_PATH)
