@@ -5,6 +5,14 @@ rounds), ``floor`` (the same-run physical limit the value is compared with) and 
 the median of per-round ratios), plus free-form labels.  Only ratios taken inside one run are meaningful on a shared
 machine; absolute GB/s move 2-5x between runs (performance-anchors.md).
 
+Records made from per-round timings keep them, unrounded, in ``per_round`` (seconds of each round, by variant), so
+that every figure can be recomputed from them.  A record with a target has ``target_min`` (the figure must be at
+least that) or ``target_max`` (at most that) and ``met``: true, false, or null when the measurement cannot tell
+(an added cost below the resolution, with an upper bound above the target).  The figure a target applies to is
+``ratio`` when the record has one, else ``value`` (else ``upper_bound``).
+
+Added costs (``unit`` us) are never a bare difference of two noisy timings: see :func:`difference_record`.
+
 torch and safetensors are imported inside the functions that need them.
 """
 
@@ -97,11 +105,49 @@ def _round(value, digits=4):
 
 
 def record(case, metric, value, unit, **labels):
-    """One benchmark record (values rounded to 4 significant digits or 4 decimals)."""
+    """One benchmark record (values rounded to 4 significant digits or 4 decimals); judged when it has a target."""
     out = {"case": case, "metric": metric, "value": _round(value), "unit": unit}
     for key, label in labels.items():
         out[key] = _round(label) if isinstance(label, float) else label
-    return out
+    return judge(out)
+
+
+def judged_figure(r):
+    """The figure a record's target applies to: ``ratio`` if present, else ``value``, else ``upper_bound``."""
+    for key in ("ratio", "value", "upper_bound"):
+        if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool):
+            return key, r[key]
+    return None, None
+
+
+def judge(r):
+    """Set ``met`` on a record with ``target_min`` or ``target_max`` (see the module docstring); returns it.
+
+    An upper bound (an added cost below the resolution) meets a ``target_max`` it does not exceed; above it, the
+    measurement cannot tell and ``met`` is None.  Records without a figure (skipped, error) are not judged.
+    """
+    low, high = r.get("target_min"), r.get("target_max")
+    if low is None and high is None:
+        return r
+    key, figure = judged_figure(r)
+    if key is None:
+        r.pop("met", None)
+        return r
+    if key == "upper_bound":
+        r["met"] = True if (low is None and figure <= high) else None
+    else:
+        r["met"] = (low is None or figure >= low) and (high is None or figure <= high)
+    return r
+
+
+def target_text(r):
+    """``">= 0.6"`` / ``"<= 1.02"`` for a record with a target, else ``""``."""
+    parts = []
+    if r.get("target_min") is not None:
+        parts.append(f">= {_fmt(r['target_min'])}")
+    if r.get("target_max") is not None:
+        parts.append(f"<= {_fmt(r['target_max'])}")
+    return " and ".join(parts)
 
 
 def rate_record(case, metric, nbytes, seconds, floor_seconds=None, floor_bytes=None, **labels):
@@ -113,25 +159,54 @@ def rate_record(case, metric, nbytes, seconds, floor_seconds=None, floor_bytes=N
     rates = [nbytes / s / 1e9 for s in seconds]
     median, low, high = spread(rates)
     extra = {"min": low, "max": high, "rounds": len(seconds), "bytes": nbytes}
+    per_round = {"seconds": list(seconds)}
     if floor_seconds:
         floor_nbytes = nbytes if floor_bytes is None else floor_bytes
         floor_rates = [floor_nbytes / s / 1e9 for s in floor_seconds]
         extra["floor"] = statistics.median(floor_rates)
         extra["ratio"] = statistics.median(rate / floor for rate, floor in zip(rates, floor_rates))
-    return record(case, metric, median, "GB/s", **extra, **labels)
+        extra["floor_bytes"] = floor_nbytes
+        per_round["floor_seconds"] = list(floor_seconds)
+    return record(case, metric, median, "GB/s", **extra, **labels, per_round=per_round)
 
 
 def seconds_record(case, metric, seconds, **labels):
     """Median, min and max of per-round timings in seconds."""
     median, low, high = spread(seconds)
-    return record(case, metric, median, "s", min=low, max=high, rounds=len(seconds), **labels)
+    return record(case, metric, median, "s", min=low, max=high, rounds=len(seconds), **labels,
+                  per_round={"seconds": list(seconds)})
 
 
 def ratio_record(case, metric, numerators, denominators, **labels):
     """Median, min and max of per-round ``numerator / denominator`` (e.g. patched / unpatched seconds)."""
     ratios = [a / b for a, b in zip(numerators, denominators)]
     median, low, high = spread(ratios)
-    return record(case, metric, median, "ratio", min=low, max=high, ratio=median, pairs=len(ratios), **labels)
+    return record(case, metric, median, "ratio", min=low, max=high, ratio=median, pairs=len(ratios), **labels,
+                  per_round={"numerator": list(numerators), "denominator": list(denominators)})
+
+
+def difference_record(case, metric, treated, control, control_again, per=1, scale=1e6, unit="us", **labels):
+    """The added cost of ``treated`` over ``control``, per call, from the same interleaved rounds; never negative.
+
+    ``treated``, ``control`` and ``control_again`` are per-round seconds of ``per`` calls each; ``control_again``
+    times the control a second time in the same round (an A/A pair: the same code measured twice).  The estimate
+    is the median over rounds of ``(treated - control) / per``; the ``resolution`` is the median over the same
+    rounds of ``|control_again - control| / per``: the gap that two timings of identical code typically show in
+    this run, so a smaller difference cannot be told from noise (the median, like the estimate, so that one
+    preempted round moves neither).  Only an estimate above the resolution is a ``value``; otherwise the record has
+    ``value`` None, ``below_resolution`` True and ``upper_bound`` = max(estimate, 0) + resolution, and the table
+    prints ``< upper_bound``.  So a difference of two noisy timings never shows as a negative cost.  Seconds are
+    multiplied by ``scale`` (default: microseconds).
+    """
+    differences = [(t - c) / per * scale for t, c in zip(treated, control)]
+    resolution = statistics.median(abs(a - c) / per * scale for a, c in zip(control_again, control))
+    estimate = statistics.median(differences)
+    per_round = {"treated": list(treated), "control": list(control), "control_again": list(control_again)}
+    shared = dict(rounds=len(differences), calls=per, resolution=resolution, **labels, per_round=per_round)
+    if estimate > resolution:
+        return record(case, metric, estimate, unit, **shared)
+    return record(case, metric, None, unit, below_resolution=True, upper_bound=max(estimate, 0.0) + resolution,
+                  **shared)
 
 
 def skipped_record(case, reason, **labels):
@@ -297,32 +372,70 @@ def sequential_read(path, chunk=READ_CHUNK):
 
 # -- output -------------------------------------------------------------------------------------------------------
 
-_COLUMNS = ("case", "metric", "value", "unit", "min", "max", "floor", "ratio")
+_COLUMNS = ("case", "metric", "value", "unit", "min", "max", "floor", "ratio", "target_min", "target_max", "met",
+            "upper_bound", "below_resolution", "per_round")
 # Kept in the JSON, left out of the table to keep it readable.
 _QUIET_LABELS = ("bytes", "rounds", "loadavg_1m", "case_seconds", "floor_is", "note", "file_bytes", "tensors",
                  "events", "event_bytes", "command", "calls", "wrapped_calls_per_cycle", "cycles", "scans",
-                 "objects_visited")
+                 "objects_visited", "floor_bytes", "ok")
 _QUIET_METRICS = ("bytes_registered_total",)
+MISSED = "MISSED"
+
+
+def verdict(r):
+    """``"met"``, ``"MISSED"`` or ``"unresolved"`` for a judged record, else ``""``."""
+    if "met" not in r:
+        return ""
+    return {True: "met", False: MISSED, None: "unresolved"}[r["met"]]
+
+
+def _describe(r):
+    where = ", ".join(f"{r[k]}" for k in ("path", "site", "config", "memory") if k in r)
+    return f"{r['case']} {r['metric']}" + (f" [{where}]" if where else "")
+
+
+def missed_targets(records):
+    """One line per record that missed its target (its figure next to the target), for the table's footer."""
+    lines = []
+    for r in records:
+        if r.get("met") is False:
+            key, figure = judged_figure(r)
+            lines.append(f"{MISSED}: {_describe(r)}: {key} {_fmt(figure)}, target {target_text(r)}")
+    return lines
 
 
 def format_table(records):
-    """A plain-text table of the records, one block per case headed by its duration and load average."""
+    """A plain-text table of the records, one block per case headed by its duration and load average.
+
+    Records with a target show it and the verdict (``met``, ``MISSED``, ``unresolved``) in the ``target`` column;
+    a footer lists every missed target.  An added cost below the resolution shows as ``< upper bound``.
+    """
     lines = []
     for case in dict.fromkeys(r["case"] for r in records):
         rows = [r for r in records if r["case"] == case and r["metric"] not in _QUIET_METRICS]
         first = rows[0] if rows else {}
         lines.append(f"== {case}" + (f"  ({first['case_seconds']} s, load average {first.get('loadavg_1m')})"
                                      if "case_seconds" in first else ""))
-        cells = [("metric", "value", "min..max", "unit", "floor", "ratio", "labels")]
+        cells = [("metric", "value", "min..max", "unit", "floor", "ratio", "target", "labels")]
         for r in rows:
             value, low, high, unit = r["value"], r.get("min"), r.get("max"), r.get("unit") or ""
             if unit == "bytes" and isinstance(value, int):
                 value, unit = value / GIB, "GiB"
+            shown = f"< {_fmt(r['upper_bound'])}" if r.get("below_resolution") else _fmt(value)
             labels = ", ".join(f"{k}={v}" for k, v in r.items() if k not in _COLUMNS and k not in _QUIET_LABELS)
-            cells.append((r["metric"], _fmt(value), f"{_fmt(low)}..{_fmt(high)}" if "min" in r else "", unit,
-                          _fmt(r.get("floor")), _fmt(r.get("ratio")), labels))
+            if r.get("below_resolution"):
+                labels = "below resolution" + (", " + labels if labels else "")
+            target = f"{target_text(r)} {verdict(r)}".strip() if target_text(r) else ""
+            cells.append((r["metric"], shown, f"{_fmt(low)}..{_fmt(high)}" if "min" in r else "", unit,
+                          _fmt(r.get("floor")), _fmt(r.get("ratio")), target, labels))
         widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]) - 1)]
         lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1] for row in cells]
+    judged = [r for r in records if "met" in r]
+    missed = missed_targets(records)
+    if judged:
+        lines.append(f"== targets: {len(judged)} judged, {sum(r['met'] is True for r in judged)} met, "
+                     f"{len(missed)} {MISSED}, {sum(r['met'] is None for r in judged)} unresolved")
+        lines += ["  " + line for line in missed]
     return "\n".join(lines)
 
 
@@ -352,7 +465,10 @@ def _chart_value(r):
 
 
 def write_chart(records, path):
-    """A PNG bar chart of every ratio (against a same-run floor, or patched/unpatched); False without matplotlib."""
+    """A PNG bar chart of every ratio (against a same-run floor, or patched/unpatched); False without matplotlib.
+
+    Targets are black ticks; bars of records that missed their target are red and say so in their label.
+    """
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -363,12 +479,17 @@ def write_chart(records, path):
     if not rows:
         return False
     labels = [f"{r['case']}: {r['metric']}" + (f" ({r['path']})" if "path" in r else "")
-              + (f" [{r['config']}]" if "config" in r else "") for r in rows]
+              + (f" [{r['config']}]" if "config" in r else "")
+              + (f"  target {target_text(r)}: {verdict(r)}" if "met" in r else "") for r in rows]
     figure, axes = plt.subplots(figsize=(10, 0.35 * len(rows) + 1.2))
-    axes.barh(range(len(rows)), [_chart_value(r) for r in rows], color="tab:blue")
+    axes.barh(range(len(rows)), [_chart_value(r) for r in rows],
+              color=["tab:red" if r.get("met") is False else "tab:blue" for r in rows])
     for index, r in enumerate(rows):
         if "min" in r and r.get("unit") == "ratio":
             axes.plot([r["min"], r["max"]], [index, index], color="black", linewidth=1)
+        for key in ("target_min", "target_max"):
+            if r.get(key) is not None:
+                axes.plot([r[key]], [index], marker="|", markersize=16, markeredgewidth=2, color="black")
     axes.axvline(1.0, color="grey", linewidth=0.8)
     axes.set_yticks(range(len(rows)))
     axes.set_yticklabels(labels, fontsize=7)
@@ -376,6 +497,6 @@ def write_chart(records, path):
     axes.set_xlabel("ratio (against the same-run floor, or patched/unpatched)")
     figure.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    figure.savefig(path, dpi=120)
+    figure.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(figure)
     return True

@@ -2,16 +2,24 @@
 
 A model of 1250 tensors (about 34 MB, float32) is loaded with ``load_models_gpu`` and fully unloaded with
 ``free_memory`` on the ComfyUI 0.27.0-shaped stand-in (its simulated GPU copies every tensor, so a cycle is real
-per-tensor work).  Patched and unpatched runs alternate inside one process (A B A B ...); each figure is the median
-of the per-pair ratios, with min and max.  ``added_us_per_wrapped_call`` divides the median extra time of a cycle by
-the number of wrapper calls in it.  The instrumented loader's ratios come from ``bench/loader_overhead.py`` and each
-wrapper's pass-through cost per call from ``bench/wrappers.py``.
+per-tensor work).  Each round times an unpatched sample, a patched one and a second unpatched one inside one
+process, the order rotated every round; ``patched_over_unpatched_cycle`` is the median of the per-round ratios
+patched / unpatched, with min and max.  ``added_us_per_wrapped_call`` is the median per-round extra time of a
+patched cycle divided by the number of wrapper calls in it, reported only when it is above the resolution that the
+two unpatched samples of the same rounds give (bench/common.py :func:`common.difference_record`; on a busy machine
+a cycle of milliseconds hides a few microseconds per call, and the record then says ``< upper bound`` instead of
+printing noise, which could be negative).  The instrumented loader's ratios come from ``bench/loader_overhead.py``
+and each wrapper's pass-through cost per call from ``bench/wrappers.py``.
 """
 
-import gc
-import statistics
+import os
 import sys
-import time
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import common  # noqa: E402
 
 TENSORS = 1250
 NUMEL = 6800            # 1250 x 6800 x 4 bytes = 34 MB
@@ -19,9 +27,9 @@ CYCLES_PER_SAMPLE = 5
 
 
 def _import_shape():
-    from common import STAND_INS
-    import os
-    sys.path.insert(0, os.path.join(STAND_INS, "v0_27_0"))
+    root = os.path.join(common.STAND_INS, "v0_27_0")
+    if root not in sys.path:
+        sys.path.insert(0, root)
     import comfy.model_management as mm
     import comfy.model_patcher
     import comfy.model_base
@@ -51,31 +59,19 @@ def _count_wrapped_calls(mm, cycle):
     return len(calls)
 
 
-def _interleaved(patches, mm, cycle, cycles_per_sample, pairs):
-    """Median, min and max of patched/unpatched ratios, and the median extra seconds per cycle."""
+def _interleaved(patches, mm, cycle, cycles_per_sample, rounds):
+    """Per-round seconds of ``cycles_per_sample`` cycles: ``unpatched``, ``patched`` and ``unpatched_again``."""
     def sample():
-        start = time.perf_counter()
         for _ in range(cycles_per_sample):
             cycle()
-        return (time.perf_counter() - start) / cycles_per_sample
 
-    ratios, extra = [], []
-    gc.disable()
-    try:
-        for i in range(pairs):
-            times = {}
-            for patched in ((False, True) if i % 2 == 0 else (True, False)):
-                (patches.patch if patched else patches.unpatch)(mm)
-                times[patched] = sample()
-            ratios.append(times[True] / times[False])
-            extra.append(times[True] - times[False])
-    finally:
-        gc.enable()
-    return statistics.median(ratios), min(ratios), max(ratios), statistics.median(extra)
+    return common.interleaved({"unpatched": (sample, lambda: patches.unpatch(mm)),
+                               "patched": (sample, lambda: patches.patch(mm)),
+                               "unpatched_again": (sample, lambda: patches.unpatch(mm))}, rounds)
 
 
 def _sizes(quick, tiny):
-    """(tensors, numel, cycles per sample, pairs) of each measured configuration."""
+    """(tensors, numel, cycles per sample, rounds) of each measured configuration."""
     if tiny:
         return (50, NUMEL, 1, 3), (1, 16, 10, 3)
     return ((250 if quick else TENSORS, NUMEL, CYCLES_PER_SAMPLE, 15 if quick else 31),
@@ -109,13 +105,14 @@ def run(quick=False, tiny=False, workspace=None):
             for _ in range(3):
                 cycle()
             calls = _count_wrapped_calls(mm, cycle)
-            ratio, low, high, extra = _interleaved(patches, mm, cycle, per_sample, pairs)
+            times = _interleaved(patches, mm, cycle, per_sample, pairs)
             label = f"{tensors} tensors, {tensors * numel * 4 / 1e6:.3g} MB, load + full unload"
             records += [
-                {"case": "overhead", "metric": "patched_over_unpatched_cycle", "value": round(ratio, 4),
-                 "min": round(low, 4), "max": round(high, 4), "unit": "ratio", "pairs": pairs, "config": label},
-                {"case": "overhead", "metric": "added_us_per_wrapped_call", "value": round(extra / calls * 1e6, 3),
-                 "unit": "us", "wrapped_calls_per_cycle": calls, "config": label},
+                common.ratio_record("overhead", "patched_over_unpatched_cycle", times["patched"],
+                                    times["unpatched"], config=label),
+                common.difference_record("overhead", "added_us_per_wrapped_call", times["patched"],
+                                         times["unpatched"], times["unpatched_again"], per=calls * per_sample,
+                                         wrapped_calls_per_cycle=calls, cycles=per_sample, config=label),
             ]
     finally:
         patches.unpatch(mm)
@@ -126,7 +123,6 @@ def run(quick=False, tiny=False, workspace=None):
 
 def _sibling(name):
     import importlib
-    import os
     here = os.path.dirname(os.path.abspath(__file__))
     if here not in sys.path:
         sys.path.insert(0, here)

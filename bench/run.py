@@ -12,7 +12,12 @@ Cases (all by default, in this order):
 
 Every figure comes from interleaved runs inside this one process run (median, with min and max over the rounds);
 ``floor`` is the same-run physical limit a GB/s figure is compared with and ``ratio`` the median per-round ratio
-against it.  Output: a table on stdout, the records as one JSON list (``--json PATH``, default
+against it; the per-round timings are kept in each record's ``per_round``.  A figure with a target says whether it
+met it: ``target_min`` / ``target_max`` and ``met`` in the record, the ``target`` column of the table (``MISSED``),
+and a footer listing every missed target.  An added cost per call is reported only above the resolution measured
+in the same rounds (the gap between two timings of the same code), else as ``< upper bound``; it is never negative.
+A missed target does not change the exit status (figures move with the load of a shared machine).
+Output: a table on stdout, the records as one JSON list (``--json PATH``, default
 ``bench/results/bench-<time>.json``) and, when matplotlib is installed, a PNG chart of the ratios next to it.
 ``--quick`` shrinks every case (256 MiB checkpoint, fewer rounds; under 2 minutes on 2 cores).
 
@@ -63,7 +68,8 @@ def run_case(name, options, workspace, comfy=None):
 def guarded(name, call):
     """Run a case; a missing optional package gives a ``skipped`` record, any other failure an ``error`` record.
 
-    Every record gets the 1-minute load average at the end of its case (the machine may be shared).
+    Every record gets the 1-minute load average at the end of its case (the machine may be shared), and every
+    record with ``target_min`` / ``target_max`` its ``met`` (bench/common.py :func:`common.judge`).
     """
     started = time.perf_counter()
     try:
@@ -78,6 +84,7 @@ def guarded(name, call):
     for r in records:
         r.setdefault("loadavg_1m", loadavg)
         r.setdefault("case_seconds", seconds)
+        common.judge(r)     # records a case built by hand get their ``met`` too
     return records
 
 

@@ -4,11 +4,25 @@ Each model_management site's wrapper factory is applied to a no-op function of t
 ComfyUI-shaped namespace (no loaded models, so no bookkeeping fires), and compared with calling the no-op
 directly: what every call pays for being wrapped.  The bookkeeping itself (owner, bytes, refcounts) runs only on
 loads that move bytes and on unloads, and is measured by the cycle ratio of ``bench/overhead.py``.
+
+Each round times ``number`` direct calls, ``number`` calls through the wrapper, and ``number`` direct calls again
+(order rotated every round).  The added cost is the median over rounds of (wrapped - direct) per call; the second
+direct timing gives the resolution of that difference (bench/common.py :func:`common.difference_record`): a cost
+not above it is reported as ``< upper bound``, never as a negative number.  Target: <= 0.6 us per call.
 """
 
-import statistics
+import os
+import sys
 import timeit
 import types
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import common  # noqa: E402
+
+TARGET_US = 0.6
 
 
 class _Entry:
@@ -27,35 +41,33 @@ def _method_noop(self, *args, **kwargs):
 
 def run(quick=False):
     """Records ``{"case": "overhead", "metric": "wrapper_added_us", "site": ...}`` for each wrapped site."""
-    import sys
     from comfy_memx.core.state import STATE
     from comfy_memx.core.wrapping import Switch
     from comfy_memx.patches import model_management as patch
     mm = types.SimpleNamespace(current_loaded_models=[])
     STATE.reset()
     number = 20000 if quick else 200000
+    rounds = 5 if quick else 9
     records = []
     entry = _Entry()
     for site, factory in patch.PATCH.sites.items():
         is_method = site.startswith("LoadedModel.")
         bare = _method_noop if is_method else _noop
         wrapped = factory(mm, bare, Switch())
+        # LoadedModel.model_load: a patcher-less entry takes the pass-through part and skips the bookkeeping
         args = (entry,) if is_method else (1,)
-        if site == "LoadedModel.model_load":
-            # the pass-through part of model_load: a patcher-less entry skips the bookkeeping
-            args = (entry,)
-        samples = []
-        for _ in range(5 if quick else 9):
-            direct = timeit.timeit(lambda: bare(*args), number=number)
-            through = timeit.timeit(lambda: wrapped(*args), number=number)
-            samples.append((through - direct) / number * 1e6)
-        records.append({"case": "overhead", "metric": "wrapper_added_us", "site": site,
-                        "value": round(statistics.median(samples), 3), "min": round(min(samples), 3),
-                        "max": round(max(samples), 3), "unit": "us", "target": 0.6})
+        direct = timeit.Timer(lambda: bare(*args))
+        through = timeit.Timer(lambda: wrapped(*args))
+        times = common.interleaved({"direct": lambda: direct.timeit(number),
+                                    "wrapped": lambda: through.timeit(number),
+                                    "direct_again": lambda: direct.timeit(number)}, rounds)
+        records.append(common.difference_record(
+            "overhead", "wrapper_added_us", times["wrapped"], times["direct"], times["direct_again"], per=number,
+            site=site, target_max=TARGET_US))
     return records
 
 
 if __name__ == "__main__":
     import json
-    for record in run(quick="--quick" in __import__("sys").argv):
+    for record in run(quick="--quick" in sys.argv):
         print(json.dumps(record))
