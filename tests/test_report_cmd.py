@@ -123,10 +123,89 @@ def test_png_without_matplotlib_prints_the_report_and_a_hint(events_file, tmp_pa
 
 
 def test_png_timeline(events_file, tmp_path, capsys):
-    pytest.importorskip("matplotlib")
     png = tmp_path / "timeline.png"
     assert report.main([str(events_file), "--png", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def timeline_of(lines):
+    """(report, its timeline figure, the figure's one axes, artists by gid); matplotlib is in the test extra."""
+    r = report.EventReport()
+    for line in lines:
+        r.add_line(line)
+    figure = report.draw_timeline(r)
+    figure.canvas.draw()
+    (axes,) = figure.axes
+    return r, figure, axes, {line.get_gid(): line for line in axes.get_lines() if line.get_gid()}
+
+
+def visible_width_px(axes, line):
+    """How many pixels of the x axis ``line`` covers inside the axes' limits."""
+    low, high = axes.get_xlim()
+    xs = [float(x) for x in line.get_xdata()]
+    left, right = max(min(xs), low), min(max(xs), high)
+    if right <= left:
+        return 0.0
+    (x0, _), (x1, _) = axes.transData.transform([(left, 0), (right, 0)])
+    return x1 - x0
+
+
+def points(line):
+    return list(zip((float(x) for x in line.get_xdata()), (float(y) for y in line.get_ydata())))
+
+
+def test_timeline_has_one_visible_lane_per_model_and_marks_loads_unloads_and_leaks():
+    r, figure, axes, by_gid = timeline_of(GOOD)
+    models = [line for gid, line in by_gid.items() if gid.startswith("model:")]
+    assert sorted(line.get_gid() for line in models) == ["model:7:BaseModel#1", "model:7:SDXL#1"]
+    assert r.models[(7, "SDXL#1")]["tally"].loads == 1 and not r.models[(7, "SDXL#1")]["tally"].unloads
+    low, high = axes.get_ylim()
+    lanes = {}
+    for line in models:
+        ys = [y for _, y in points(line)]
+        assert line.get_visible() and line.get_linewidth() >= 1.5 and line.get_alpha() in (None, 1.0)
+        assert visible_width_px(axes, line) >= 0.3 * axes.bbox.width, line.get_gid()
+        assert low < min(ys) <= max(ys) < high
+        assert max(ys) > min(ys), "resident bytes must lift the line off its lane's base"
+        lanes[line.get_gid()] = (min(ys), max(ys))
+    (a_low, a_high), (b_low, b_high) = lanes.values()
+    assert a_high < b_low or b_high < a_low, "two models share a lane"
+
+    # the single load of SDXL#1 (t = 1 s) stays resident to the end of the log (t = 6 s) and beyond
+    sdxl = points(by_gid["model:7:SDXL#1"])
+    assert sdxl[0][0] <= 1.0 and sdxl[-1][0] > 6.0 and sdxl[-1][1] == max(y for _, y in sdxl)
+
+    base_low, base_high = lanes["model:7:BaseModel#1"]
+    unloads, leaks, loads = (points(by_gid[f"marks:{kind}"]) for kind in ("unload", "leak", "load"))
+    assert [x for x, _ in unloads] == [2.0, 3.0] and all(base_low <= y <= base_high for _, y in unloads)
+    assert unloads[0][1] > unloads[1][1] == base_low      # 3 MB left after the partial unload, then none
+    assert [x for x, _ in leaks] == [4.0] and base_low <= leaks[0][1] <= base_high
+    assert [x for x, _ in loads] == [0.0, 1.0]
+    for kind in ("load", "unload", "leak"):
+        marker = by_gid[f"marks:{kind}"]
+        assert marker.get_visible() and marker.get_marker() not in (None, "", "None", " ")
+        assert marker.get_markersize() >= 6 and marker.get_linestyle() in ("None", "none", "", " ")
+    legend = [text.get_text() for text in axes.get_legend().get_texts()]
+    assert {"load", "unload", "leak"} <= set(legend)
+    assert any("leak (rooted)" == text.get_text() for text in axes.texts)
+    ticks = [label.get_text() for label in axes.get_yticklabels()]
+    assert any(t.startswith("BaseModel#1") and "leaky_pack" in t for t in ticks)
+    assert any(t.startswith("SDXL#1") and "core" in t for t in ticks)
+
+
+def test_a_log_of_one_load_still_draws_a_visible_lane():
+    r, figure, axes, by_gid = timeline_of([GOOD[0]])
+    line = by_gid["model:7:BaseModel#1"]
+    assert visible_width_px(axes, line) >= 0.3 * axes.bbox.width
+    assert len(points(by_gid["marks:load"])) == 1 and points(by_gid["marks:leak"]) == []
+
+
+def test_a_model_loaded_by_the_last_event_of_the_log_is_visible():
+    late = ev("load", 6, **identity("Late#1", CORE, "Late"), bytes=1_000, loaded_bytes=1_000, seconds=0.001)
+    r, figure, axes, by_gid = timeline_of(GOOD[:2] + [late])
+    assert visible_width_px(axes, by_gid["model:7:Late#1"]) >= 20
+    several = timeline_of([GOOD[0], GOOD[0].replace('"pid": 7', '"pid": 8')])[3]
+    assert {"model:7:BaseModel#1", "model:8:BaseModel#1"} <= set(several)
 
 
 def test_resident_bytes_timeline_steps():
@@ -140,3 +219,40 @@ def test_the_launcher_runs_the_report_command(events_file):
     out = subprocess.run([sys.executable, "-m", "comfy_memx", "report", str(events_file)], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0 and "per package" in out.stdout
+
+
+def test_reload_time_is_grouped_by_cause_and_model_and_sightings_are_not_new_leaks():
+    from comfy_memx.cli import report
+    owner = {"prompt_id": "p", "node_id": "3", "class_type": "KSampler", "package": "core"}
+    cause = {"cause": "ComfyUI-Unload-Model/UnloadAllModels", "package": "ComfyUI-Unload-Model",
+             "reason": "unload_all"}
+    lines = [
+        {"event": "load", "time": 1.0, "model": "BaseModel", "model_id": "BaseModel#1", "owner": owner,
+         "bytes": 100, "seconds": 2.0, "reload": None},
+        {"event": "load", "time": 2.0, "model": "BaseModel", "model_id": "BaseModel#1", "owner": owner,
+         "bytes": 100, "seconds": 2.0, "reload": {**cause, "seconds": 2.0, "bytes": 100}},
+        {"event": "load", "time": 3.0, "model": "BaseModel", "model_id": "BaseModel#1", "owner": owner,
+         "bytes": 100, "seconds": 3.0, "reload": {**cause, "seconds": 3.0, "bytes": 100}},
+        {"event": "load", "time": 4.0, "model": "VAE", "model_id": "VAE#1", "owner": owner,
+         "bytes": 10, "seconds": 9.0, "reload": {"cause": "core/KSampler loading BaseModel", "seconds": 9.0,
+                                                  "bytes": 10}},
+        {"event": "leak", "time": 5.0, "model": "VAE", "model_id": "VAE#1", "owner": owner, "stage": "rooted",
+         "referrers": [], "reason": "new"},
+        {"event": "leak_seen", "time": 6.0, "model": "VAE", "model_id": "VAE#1", "owner": owner, "sightings": 2},
+        {"event": "leak", "time": 7.0, "model": "VAE", "model_id": "VAE#1", "owner": owner, "stage": "rooted",
+         "referrers": [], "reason": "holders_changed"},
+        {"event": "thrash", "time": 8.0, "model": "BaseModel", "model_id": "BaseModel#1"},
+    ]
+    built = report.EventReport()
+    for line in lines:
+        built.add_line(json.dumps(line))
+    data = built.as_dict()
+    assert data["reload_causes"] == [
+        {"cause": "core/KSampler loading BaseModel", "model": "VAE", "reloads": 1, "seconds": 9.0, "bytes": 10},
+        {"cause": "ComfyUI-Unload-Model/UnloadAllModels", "model": "BaseModel", "reloads": 2, "seconds": 5.0,
+         "bytes": 200}]
+    vae = next(row for row in data["models"] if row["model_id"] == "VAE#1")
+    assert vae["leaks"] == {"rooted": 1} and vae["leak_sightings"] == 2 and len(vae["leak_reports"]) == 2
+    text = report.format_text(built, "e.jsonl")
+    assert "ComfyUI-Unload-Model/UnloadAllModels caused 2 reload(s) of BaseModel, 5.0 s (200 B)" in text
+    assert data["thrash_warnings"] == 1 and "1 thrash warning(s)" in text

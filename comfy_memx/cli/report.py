@@ -4,7 +4,9 @@ and per owning package.
 For each model (``model_id`` within one process) and each custom-node package that loaded models: loads and bytes
 loaded, unloads by reason and bytes freed, transfer rates (GB/s = bytes / seconds / 1e9 over all loads, and over
 all unloads), leaks with the reference chains that held them, and pin evictions.  ``--png`` draws resident bytes
-per model over time (matplotlib, an optional extra: ``pip install comfy_memx[plot]``).
+per model over time, one lane per model (a model stays drawn as resident until an unload says otherwise, so one
+load is a band to the end of the log), with loads, unloads and leaks marked (matplotlib, an optional extra:
+``pip install comfy_memx[plot]``).
 
 A line that is not a JSON object with an ``event`` name, or whose fields have the wrong types, is counted and
 skipped; events of kinds this report does not know are counted as ``other``.  Exit status: 0, 1 when the PNG
@@ -60,6 +62,9 @@ class EventReport:
         self.models = {}      # (pid, model_id) -> {"model", "package", "tally", "leaks": [...], "peak"}
         self.packages = {}    # package -> _Tally
         self.timeline = {}    # (pid, model_id) -> [(time, resident bytes)]
+        self.marks = {}       # (pid, model_id) -> [(time, "load" | "unload" | "leak", detail)]
+        self.reloads = {}     # (cause, model class) -> {"reloads", "seconds", "bytes"}
+        self.thrash = 0
         self._resident = {}
 
     def add_line(self, line):
@@ -81,8 +86,8 @@ class EventReport:
         kind = event["event"]
         when = float(event["time"])
         pid = int(event.get("pid") or 0)
-        handler = {"load": self._load, "unload": self._unload, "leak": self._leak,
-                   "pin_evict": self._pin_evict}.get(kind)
+        handler = {"load": self._load, "unload": self._unload, "leak": self._leak, "leak_seen": self._leak_seen,
+                   "pin_evict": self._pin_evict, "thrash": self._thrash}.get(kind)
         if handler is None:
             self.other += 1
         else:
@@ -121,6 +126,16 @@ class EventReport:
             tally.load_bytes += nbytes
             tally.load_seconds += seconds
         self._set_resident(key, row, when, resident)
+        self.marks.setdefault(key, []).append((when, "load", format_bytes(nbytes)))
+        reload = event.get("reload")
+        if reload is not None:
+            if not isinstance(reload, dict):
+                raise TypeError("reload")
+            tally = self.reloads.setdefault((str(reload.get("cause") or "?"), row["model"]),
+                                            {"reloads": 0, "seconds": 0.0, "bytes": 0})
+            tally["reloads"] += 1
+            tally["seconds"] += _seconds(reload.get("seconds"))
+            tally["bytes"] += _count(reload.get("bytes"))
 
     def _unload(self, event, pid, when):
         nbytes, seconds = _count(event.get("bytes")), _seconds(event.get("seconds"))
@@ -131,6 +146,7 @@ class EventReport:
             tally.unload_bytes += nbytes
             tally.unload_seconds += seconds
         self._set_resident(key, row, when, max(0, self._resident.get(key, 0) - nbytes))
+        self.marks.setdefault(key, []).append((when, "unload", reason))
 
     def _leak(self, event, pid, when):
         stage = str(event.get("stage") or "?")
@@ -139,10 +155,21 @@ class EventReport:
             raise TypeError("referrers")
         chains = [{"path": str(r.get("path")), "package": r.get("package"), "root_kind": r.get("root_kind")}
                   for r in referrers if isinstance(r, dict)]
+        key, row = self._model(event, pid)
+        if event.get("reason", "new") == "new":   # a later search of a known leak is not a new leak
+            for tally in (row["tally"], self._package(row["package"])):
+                tally.leaks[stage] = tally.leaks.get(stage, 0) + 1
+            self.marks.setdefault(key, []).append((when, "leak", stage))
+        row["leak_reports"].append({"stage": stage, "time": when, "chains": chains,
+                                    "reason": str(event.get("reason") or "new")})
+
+    def _leak_seen(self, event, pid, when):
         _, row = self._model(event, pid)
-        for tally in (row["tally"], self._package(row["package"])):
-            tally.leaks[stage] = tally.leaks.get(stage, 0) + 1
-        row["leak_reports"].append({"stage": stage, "time": when, "chains": chains})
+        row["sightings"] = max(row.get("sightings", 1), _count(event.get("sightings")))
+
+    def _thrash(self, event, pid, when):
+        self._model(event, pid)
+        self.thrash += 1
 
     def _pin_evict(self, event, pid, when):
         nbytes = _count(event.get("bytes"))
@@ -163,12 +190,16 @@ class EventReport:
         for (pid, model_id), row in sorted(self.models.items()):
             models.append({"model_id": model_id, "pid": pid, "model": row["model"], "package": row["package"],
                            "owner": row["owner"], "peak_resident_bytes": row["peak_resident"],
-                           **row["tally"].as_dict(), "leak_reports": row["leak_reports"]})
+                           **row["tally"].as_dict(), "leak_reports": row["leak_reports"],
+                           "leak_sightings": row.get("sightings", 0)})
         packages = [{"package": name, **tally.as_dict()} for name, tally in sorted(self.packages.items())]
         span = (self.last_time - self.first_time) if self.first_time is not None else 0.0
+        reloads = [{"cause": cause, "model": model, "reloads": tally["reloads"],
+                    "seconds": round(tally["seconds"], 3), "bytes": tally["bytes"]}
+                   for (cause, model), tally in sorted(self.reloads.items(), key=lambda item: -item[1]["seconds"])]
         return {"lines": self.lines, "events": self.events, "malformed_lines": self.malformed,
                 "other_events": self.other, "processes": len(pids), "seconds": round(span, 3),
-                "models": models, "packages": packages}
+                "models": models, "packages": packages, "reload_causes": reloads, "thrash_warnings": self.thrash}
 
 
 def _count(value):
@@ -210,12 +241,23 @@ def format_text(report, path):
         lines.append(f"  {name}  {row['model']}  package {row['package']}  peak resident "
                      f"{format_bytes(row['peak_resident_bytes'])}")
         lines.append("    " + _tally_text(row))
+        if row["leak_sightings"] > 1:
+            lines.append(f"    seen leaked in {row['leak_sightings']} prompts")
         for leak in row["leak_reports"]:
-            lines.append(f"    leak ({leak['stage']})" + ("" if leak["chains"] else ": no chains recorded"))
+            again = "" if leak["reason"] == "new" else f", searched again: {leak['reason']}"
+            lines.append(f"    leak ({leak['stage']}{again})" + ("" if leak["chains"] else ": no chains recorded"))
             for chain in leak["chains"]:
                 lines.append(f"      held by {chain['path']}  [package {chain['package']}, {chain['root_kind']}]")
     if not data["models"]:
         lines.append("  (no model events)")
+    lines += ["", "reload time by cause (an unload whose weights were loaded again later)"]
+    for row in data["reload_causes"]:
+        lines.append(f"  {row['cause']} caused {row['reloads']} reload(s) of {row['model']}, "
+                     f"{row['seconds']:.1f} s ({format_bytes(row['bytes'])})")
+    if not data["reload_causes"]:
+        lines.append("  (no reloads)")
+    if data["thrash_warnings"]:
+        lines.append(f"  {data['thrash_warnings']} thrash warning(s): a model reloaded in every one of the last prompts")
     lines += ["", "per package"]
     for row in data["packages"]:
         lines.append(f"  {row['package']}")
@@ -237,27 +279,117 @@ def _gbps(rate):
     return "- GB/s" if rate is None else f"{rate:.3f} GB/s"
 
 
-def write_timeline(report, png_path):
-    """Draw resident bytes per model over time into ``png_path``; raises ImportError without matplotlib."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    figure, axes = plt.subplots(figsize=(10, 4.5))
+# Marker style of each kind of event on the timeline (one legend entry per kind).
+MARKERS = {
+    "load": {"marker": "^", "markersize": 7, "markerfacecolor": "white", "markeredgecolor": "black"},
+    "unload": {"marker": "v", "markersize": 7, "markerfacecolor": "black", "markeredgecolor": "black"},
+    "leak": {"marker": "X", "markersize": 11, "markerfacecolor": "red", "markeredgecolor": "darkred"},
+}
+_LANE = 0.8          # height of a lane's band at the largest resident size of the log
+_MODEL_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive",
+                 "tab:cyan", "tab:gray", "navy", "darkgoldenrod", "teal")   # no red: red marks leaks
+
+
+def _time_scale(span):
+    """(divisor, unit) for the x axis: seconds, minutes or hours, whichever reads best for ``span`` seconds."""
+    if span >= 2 * 3600:
+        return 3600.0, "hours"
+    if span >= 10 * 60:
+        return 60.0, "minutes"
+    return 1.0, "seconds"
+
+
+def _level(points, when):
+    """Resident bytes just after ``when`` on a step timeline (0 before its first point)."""
+    level = 0
+    for at, resident in points:
+        if at > when:
+            break
+        level = resident
+    return level
+
+
+def draw_timeline(report):
+    """A matplotlib Figure of the log: one lane per model, resident bytes over time, loads, unloads and leaks marked.
+
+    Each model's lane holds one step line (gid ``model:<pid>:<model_id>``) whose height is its resident bytes,
+    scaled so that the largest resident size of the whole log fills the lane; the line runs from the model's first
+    event to the right edge of the plot, past the end of the log (dotted line), since a model stays resident until an
+    unload says otherwise; a model loaded once and never unloaded is a band from its load to the edge.  Loads (white
+    triangle up), unloads (black triangle down) and leaks (red cross, with the leak stage written next to it) are
+    markers on the lane, one artist per kind (gid ``marks:<kind>``), each named in the legend.
+    """
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    keys = sorted(set(report.models) | set(report.timeline) | set(report.marks))
     start = report.first_time or 0.0
-    several = len({pid for pid, _ in report.timeline}) > 1
-    for (pid, model_id), points in sorted(report.timeline.items()):
-        times = [when - start for when, _ in points]
-        mib = [resident / 2 ** 20 for _, resident in points]
-        label = f"{model_id} (pid {pid})" if several else model_id
-        axes.step(times, mib, where="post", label=label)
-    axes.set_xlabel("seconds since the first event")
-    axes.set_ylabel("resident MiB")
-    axes.set_title("comfy_memx: resident bytes per model")
-    if report.timeline:
-        axes.legend(loc="upper left", fontsize="small")
+    span = (report.last_time - start) if report.last_time is not None else 0.0
+    scale, unit = _time_scale(span)
+    pad = span * 0.06 if span > 0 else 1.0
+    right = span + pad
+    peak = max([resident for points in report.timeline.values() for _, resident in points] + [1])
+    several = len({pid for pid, _ in keys}) > 1
+
+    figure = Figure(figsize=(11, 1.6 + 0.5 * max(len(keys), 2)))
+    axes = figure.add_subplot()
+    marks = {kind: ([], []) for kind in MARKERS}
+    leak_labels = []
+    labels = []
+    for lane, key in enumerate(keys):
+        pid, model_id = key
+        row = report.models.get(key, {})
+        base = len(keys) - 1 - lane            # first model on top
+        color = _MODEL_COLORS[lane % len(_MODEL_COLORS)]
+        points = report.timeline.get(key, [])
+        own_marks = report.marks.get(key, [])
+        first = min([at for at, _ in points] + [at for at, _, _ in own_marks] + [report.last_time or start])
+        times = [first - start] + [at - start for at, _ in points] + [right]
+        levels = [0] + [resident for _, resident in points]
+        levels.append(levels[-1])
+        heights = [base + _LANE * level / peak for level in levels]
+        axes.plot([t / scale for t in times], heights, drawstyle="steps-post", color=color, linewidth=2,
+                  solid_capstyle="butt", gid=f"model:{pid}:{model_id}", label=model_id)
+        axes.fill_between([t / scale for t in times], base, heights, step="post", color=color, alpha=0.25,
+                          linewidth=0)
+        axes.axhline(base, color="lightgrey", linewidth=0.6, zorder=0)
+        for at, kind, detail in own_marks:
+            marks[kind][0].append((at - start) / scale)
+            marks[kind][1].append(base + _LANE * _level(points, at) / peak)
+            if kind == "leak":
+                leak_labels.append(((at - start) / scale, marks[kind][1][-1], f"leak ({detail})"))
+        name = f"{model_id} (pid {pid})" if several else model_id
+        package = row.get("package", "?")
+        labels.append(f"{name}  {package}  peak {format_bytes(row.get('peak_resident', 0))}")
+
+    for kind, (xs, ys) in marks.items():
+        axes.plot(xs, ys, linestyle="none", gid=f"marks:{kind}", zorder=5, **MARKERS[kind])
+    for x, y, text in leak_labels[:20]:
+        axes.annotate(text, (x, y), xytext=(7, 5), textcoords="offset points", color="darkred", fontsize=8)
+    if report.last_time is not None:
+        axes.axvline(span / scale, color="black", linestyle=":", linewidth=1)
+
+    axes.set_yticks([len(keys) - 1 - lane + _LANE / 2 for lane in range(len(keys))])
+    axes.set_yticklabels(labels, fontsize=8)
+    axes.set_ylim(-0.35, max(len(keys), 1) - 0.05)
+    axes.set_xlim(-(pad if span > 0 else 0.05) / scale, right / scale)
+    axes.set_xlabel(f"{unit} since the first event")
+    axes.set_title(f"comfy_memx: resident bytes per model (a full lane = {format_bytes(peak)})", fontsize=10,
+                   loc="left")
+    handles = [Line2D([], [], linestyle="none", label=kind, **MARKERS[kind]) for kind in MARKERS]
+    handles.append(Line2D([], [], color="black", linestyle=":", linewidth=1, label="end of the log"))
+    axes.legend(handles=handles, loc="lower right", bbox_to_anchor=(1, 1), ncol=len(handles), fontsize=8,
+                frameon=False, borderaxespad=0.3, handletextpad=0.3, columnspacing=1.2)
+    if not keys:
+        axes.text(0.5, 0.5, "no model events", transform=axes.transAxes, ha="center", va="center")
     figure.tight_layout()
+    return figure
+
+
+def write_timeline(report, png_path):
+    """Draw :func:`draw_timeline` into ``png_path``; raises ImportError without matplotlib."""
+    figure = draw_timeline(report)
     figure.savefig(png_path, dpi=100)
-    plt.close(figure)
 
 
 def main(argv):
