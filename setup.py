@@ -20,11 +20,11 @@ PTH = "comfy_memx.pth"
 
 
 def _version():
-    with open(os.path.join(HERE, "comfy_memx", "__init__.py"), encoding="utf-8") as f:
+    with open(os.path.join(HERE, "comfy_memx", "_version.py"), encoding="utf-8") as f:
         for line in f:
             if line.startswith("__version__"):
                 return line.split("=")[1].strip().strip('"')
-    raise RuntimeError("no __version__ in comfy_memx/__init__.py")
+    raise RuntimeError("no __version__ in comfy_memx/_version.py")
 
 
 class BuildPyWithPth(build_py):

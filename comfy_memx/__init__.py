@@ -9,7 +9,9 @@ Subpackages: ``core`` (settings, process state, the patch machinery, events), ``
 ``/memx/free``), ``cli`` (the launcher and its commands) and ``patches`` (one module per ComfyUI area wrapped).
 """
 
-__version__ = "0.2.0"
+from comfy_memx._version import __version__
+
+__all__ = ["__version__", "status"]
 
 
 def status():

@@ -7,6 +7,10 @@ Sites:
   ``comfy_memx.ledger.attribution`` for the prompt's duration (``async def execute_async(self, prompt, prompt_id,
   extra_data={}, execute_outputs=[])`` in 0.3.64, 0.27.0 and 0.33.0; a synchronous variant is wrapped
   synchronously);
+* ``get_output_data`` (one node's run, 0.3.64, 0.27.0 and 0.33.0): entries that the node removed from
+  ``current_loaded_models`` behind ComfyUI's back (no unload reported) become unloads of reason ``dropped``
+  asked for by that node (``comfy_memx.ledger.accounting.note_dropped``); costs a weakref snapshot of the few
+  loaded entries per node, nothing when none is loaded;
 * ``PromptQueue.set_flag`` / ``PromptQueue.get_flags`` and ``PromptExecutor.reset``: follow a ``/memx/free`` request
   to the worker run that reads its flags and through that run's cache reset (``comfy_memx.surface.freeing``).
   With no request waiting they only check one attribute.  # COMFY: ``PromptQueue.mutex`` is an ``RLock`` that
@@ -16,10 +20,11 @@ Settings: ``COMFY_MEMX_DISABLE=execution`` (no class_type in owners; ``/memx/fre
 """
 
 import inspect
+import sys
 
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.patching import Patch
-from comfy_memx.ledger import attribution
+from comfy_memx.ledger import accounting, attribution, causes
 from comfy_memx.surface import freeing
 
 
@@ -33,6 +38,7 @@ def _begin(args, kwargs):
     try:
         prompt, prompt_id = _prompt_arguments(args, kwargs)
         attribution.begin_prompt(prompt_id, prompt)
+        causes.note_prompt(prompt_id)
     except Exception as exc:
         internal_error("prompt attribution", exc)
 
@@ -58,6 +64,62 @@ def _memx_execute_async(module, original, switch):
         finally:
             attribution.end_prompt()
     return execute_async_sync
+
+
+def _node_requester(args, kwargs):
+    """``requested_by`` of the node that ``get_output_data(prompt_id, unique_id, obj, ...)`` runs."""
+    prompt_id = args[0] if args else kwargs.get("prompt_id")
+    node_id = args[1] if len(args) > 1 else kwargs.get("unique_id")
+    node = args[2] if len(args) > 2 else kwargs.get("obj")
+    module = sys.modules.get(type(node).__module__)
+    package = attribution.package_of_file(getattr(module, "__file__", None) or "")
+    owner = attribution.current_owner()
+    class_type = owner.class_type if str(owner.node_id) == str(node_id) else type(node).__name__
+    if package is None:
+        return {"kind": "comfyui", "via": "node", "prompt_id": prompt_id, "node_id": str(node_id),
+                "class_type": class_type}
+    return {"kind": "node", "prompt_id": prompt_id, "node_id": str(node_id), "class_type": class_type,
+            "package": package}
+
+
+def _memx_get_output_data(module, original, switch):
+    def watch(args, kwargs):
+        mm = sys.modules.get("comfy.model_management")
+        try:
+            return (mm, accounting.entries_snapshot(mm)) if mm is not None and mm.current_loaded_models else None
+        except Exception as exc:
+            internal_error("dropped-entry tracking", exc)
+            return None
+
+    def settle(watched, args, kwargs):
+        if watched is None:
+            return
+        try:
+            mm, snapshot = watched
+            accounting.note_dropped(mm, snapshot, _node_requester(args, kwargs))
+        except Exception as exc:
+            internal_error("dropped-entry tracking", exc)
+
+    if inspect.iscoroutinefunction(original):
+        async def get_output_data(*args, **kwargs):
+            if not switch.on:
+                return await original(*args, **kwargs)
+            watched = watch(args, kwargs)
+            try:
+                return await original(*args, **kwargs)
+            finally:
+                settle(watched, args, kwargs)
+        return get_output_data
+
+    def get_output_data_sync(*args, **kwargs):
+        if not switch.on:
+            return original(*args, **kwargs)
+        watched = watch(args, kwargs)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            settle(watched, args, kwargs)
+    return get_output_data_sync
 
 
 def _memx_set_flag(module, original, switch):
@@ -99,6 +161,7 @@ class ExecutionPatch(Patch):
     sites = {
         "PromptExecutor.execute_async": _memx_execute_async,
         "PromptExecutor.reset": _memx_reset,
+        "get_output_data": _memx_get_output_data,
         "PromptQueue.set_flag": _memx_set_flag,
         "PromptQueue.get_flags": _memx_get_flags,
     }

@@ -33,21 +33,22 @@ def _memx_load_models_gpu(mm, original, switch):
             announced.append(True)
             registry.announce()
         before = _loaded_refs(mm)
+        # ComfyUI's own list object goes to the load scope; no local of ours holds it (nor the models)
+        scope = accounting.begin_load_scope(args[0] if args else kwargs.get("models", ()), sys._getframe(1))
         loads = load_stack() if STATE.publish_loads else None
         if loads is not None:
-            loads.append(load_call(args[0] if args else kwargs.get("models", ())))
-        accounting.begin_load_scope()
+            loads.append(load_call(scope.models))
         try:
             return original(*args, **kwargs)
         finally:
-            unloaded = accounting.end_load_scope()
-            if loads is not None:
-                loads.pop()
             if before:
                 try:
-                    _note_clone_replacements(mm, before, unloaded)
+                    _note_clone_replacements(mm, before, scope)
                 except Exception as exc:
                     internal_error("clone-replacement accounting", exc)
+            accounting.end_load_scope()
+            if loads is not None:
+                loads.pop()
     return load_models_gpu
 
 
@@ -64,7 +65,7 @@ def _loaded_refs(mm):
     return refs
 
 
-def _note_clone_replacements(mm, before, unloaded):
+def _note_clone_replacements(mm, before, scope):
     # COMFY: load_models_gpu pops entries whose patcher is a clone of a model being loaded and detaches them
     # without model_unload (0.3.64, 0.27.0, 0.33.0); such an entry left the list (and may already be gone) while its
     # module lives on, often under a new entry for the clone.  Full unloads during the call are in ``unloaded``.
@@ -74,7 +75,7 @@ def _note_clone_replacements(mm, before, unloaded):
         if entry is not None:
             if id(entry) in remaining or entry.real_model is None:
                 continue
-        elif entry_ref is None or id(module_ref) in unloaded:
+        elif entry_ref is None or id(module_ref) in scope.unloaded:
             continue
         module = module_ref()
         if module is None:
@@ -84,7 +85,9 @@ def _note_clone_replacements(mm, before, unloaded):
         refcounts = {"patcher": accounting.external_refcount(sys.getrefcount(patcher)) if patcher is not None else 0,
                      "module": accounting.external_refcount(sys.getrefcount(module))}
         loaded = patcher.loaded_size() if patcher is not None else int(getattr(module, "model_loaded_weight_memory", 0))
-        accounting.on_unload(patcher, module, loaded, loaded, True, 0.0, refcounts, reason="clone_replaced")
+        accounting.note_unloaded(module_ref)
+        accounting.on_unload(patcher, module, loaded, loaded, True, 0.0, refcounts, scope.frame,
+                             reason="clone_replaced")
         del module, patcher
 
 
@@ -128,14 +131,14 @@ def _memx_model_unload(mm, original, switch):
         result = original(self, *args, **kwargs)
         seconds = perf_counter() - start
         try:
-            _note_unload(self, module_ref, before, result is not False, seconds)
+            _note_unload(self, module_ref, before, result is not False, seconds, sys._getframe(1))
         except Exception as exc:
             internal_error("unload accounting", exc)
         return result
     return model_unload
 
 
-def _note_unload(entry, module_ref, before, fully, seconds):
+def _note_unload(entry, module_ref, before, fully, seconds, caller_frame):
     module = module_ref() if module_ref is not None else None
     if module is None:
         return
@@ -145,7 +148,7 @@ def _note_unload(entry, module_ref, before, fully, seconds):
     after = patcher.loaded_size() if patcher is not None else 0
     refcounts = {"patcher": accounting.external_refcount(sys.getrefcount(patcher)) if patcher is not None else 0,
                  "module": accounting.external_refcount(sys.getrefcount(module))}
-    accounting.on_unload(patcher, module, before, after, fully, seconds, refcounts)
+    accounting.on_unload(patcher, module, before, after, fully, seconds, refcounts, caller_frame)
 
 
 def _scoped_reason(reason, original, switch):
@@ -156,7 +159,7 @@ def _scoped_reason(reason, original, switch):
         if not switch.on:
             return original(*args, **kwargs)
         stack = reason_stack()
-        stack.append(stack[-1] if stack else reason)
+        stack.append(stack[-1] if stack else (reason, sys._getframe(1)))
         try:
             return original(*args, **kwargs)
         finally:
@@ -181,12 +184,14 @@ def _memx_unload_all_models(mm, original, switch):
     def unload_all_models(*args, **kwargs):
         if not switch.on:
             return original(*args, **kwargs)
+        caller = sys._getframe(1)
         try:
-            reason = accounting.reason_for_unload_all(sys._getframe(1), oom_test)
+            reason = accounting.reason_for_unload_all(caller, oom_test)
         except Exception as exc:
             internal_error("unload reason", exc)
             reason = "unload_all"
-        accounting.push_reason(reason)
+        accounting.push_reason(reason, frame=caller)
+        del caller
         try:
             return original(*args, **kwargs)
         finally:

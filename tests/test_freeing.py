@@ -6,6 +6,7 @@ every interleaving below is deterministic.
 """
 
 import gc
+import queue as queue_module
 import threading
 import weakref
 
@@ -57,17 +58,26 @@ class Queue:
 
 
 class Worker:
-    """ComfyUI's prompt worker, one step at a time on its own thread."""
+    """ComfyUI's prompt worker, one step at a time on one thread of its own (a run belongs to its thread)."""
 
     def __init__(self, queue):
         self.queue = queue
         self.read = None
+        self._steps = queue_module.Queue()
+        self._done = queue_module.Queue()
+        self.thread = threading.Thread(target=self._serve, daemon=True, name="prompt_worker")
+        self.thread.start()
+
+    def _serve(self):
+        while True:
+            steps = self._steps.get()
+            for step in steps:
+                step()
+            self._done.put(True)
 
     def on_thread(self, *steps):
-        thread = threading.Thread(target=lambda: [step() for step in steps])
-        thread.start()
-        thread.join(10)
-        assert not thread.is_alive()
+        self._steps.put(steps)
+        assert self._done.get(timeout=10)
 
     def read_flags(self):
         self.read = self.queue.get_flags()
@@ -95,8 +105,8 @@ def observing(monkeypatch):
 
 def test_a_request_is_served_by_the_run_that_reads_its_flags(monkeypatch):
     observing(monkeypatch)
-    queue, worker = Queue(), Worker(Queue())
-    worker.queue = queue
+    queue = Queue()
+    worker = Worker(queue)
     ticket = freeing.submit(queue, unload_models=True, free_memory=True)
     woken = []
     ticket.add_done_callback(lambda: woken.append(threading.get_ident()))
@@ -110,7 +120,8 @@ def test_a_request_is_served_by_the_run_that_reads_its_flags(monkeypatch):
         gc.collect()                                   # a full collection, but not on the worker's thread
         assert not ticket.done
         worker.on_thread(gc.collect)
-        assert ticket.done and ticket.state == "done" and woken == [ticket.run.thread_id]
+        assert ticket.done and ticket.state == "done"
+        assert ticket.run.thread_id == worker.thread.ident and woken == [worker.thread.ident]
         assert queue.flags == {}
     finally:
         freeing.end(ticket)

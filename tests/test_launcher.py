@@ -4,18 +4,18 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[1]
 ECHO = Path(__file__).parent / "scripts" / "echo_argv.py"
 
 
 def run(args, cwd=None, env=None):
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("COMFY_MEMX")}
     full_env.update(env or {})
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=cwd or ROOT,
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=cwd or tempfile.gettempdir(),
                           env=full_env, timeout=60)
 
 

@@ -149,3 +149,17 @@ def test_a_leak_counts_once_and_its_later_sightings_and_searches_count_apart():
     assert samples[("comfy_memx_leak_sightings_total", (("package", "leaky_pack"),))] == 2
     assert samples[("comfy_memx_leak_searches_total", (("reason", "new"),))] == 1
     assert samples[("comfy_memx_leak_searches_total", (("reason", "holders_changed"),))] == 1
+
+
+def test_reloads_are_counted_by_model_and_causing_package():
+    reload = {"cause": "ComfyUI-Unload-Model/UnloadAllModels", "package": "ComfyUI-Unload-Model",
+              "reason": "unload_all", "seconds": 1.5, "bytes": 100}
+    samples = exposition(events=[
+        {"event": "load", "model": "BaseModel", "owner": OWNER, "bytes": 100, "seconds": 1.5, "reload": None},
+        {"event": "load", "model": "BaseModel", "owner": OWNER, "bytes": 100, "seconds": 1.5, "reload": reload},
+        {"event": "load", "model": "BaseModel", "owner": OWNER, "bytes": 100, "seconds": 2.5,
+         "reload": {**reload, "seconds": 2.5}},
+    ])
+    labels = (("cause_package", "ComfyUI-Unload-Model"), ("model", "BaseModel"))
+    assert samples[("comfy_memx_reloads_total", labels)] == 2
+    assert samples[("comfy_memx_reload_seconds_total", labels)] == 4.0

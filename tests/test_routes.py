@@ -20,7 +20,7 @@ from memx_helpers import install_pack, memx_on
 VERSIONS = ["0.3.64", "0.27.0"]
 MODEL_KEYS = {"model", "model_id", "state", "bytes", "loaded_bytes", "load_device", "bytes_by_device",
               "pinned_bytes", "owner", "loaded_at", "last_used", "loads", "unloads", "last_unload",
-              "in_comfyui_loaded_list", "leak"}
+              "reloads", "reload_seconds", "reload_bytes", "reload_causes", "in_comfyui_loaded_list", "leak"}
 RECEIPT_KEYS = {"status", "worker", "waited_s", "request", "run", "freed", "freed_bytes", "released_bytes",
                 "still_loaded", "survivors", "survivor_bytes", "prompt_running_at_request"}
 SURVIVOR_KEYS = {"model", "model_id", "owner", "bytes", "resident_bytes", "reason", "leak", "holders", "search"}

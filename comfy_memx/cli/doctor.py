@@ -12,7 +12,7 @@ import os
 import platform
 import sys
 
-from comfy_memx import __version__
+from comfy_memx._version import __version__
 from comfy_memx.core import config, registry
 from comfy_memx.core.comfyui import version_of_tree
 from comfy_memx.core.errors import ConfigError
@@ -109,7 +109,7 @@ def format_text(report):
     lines.append(f"RAM {format_bytes(report['ram_bytes'])}"
                  + (f" (cgroup limit; the host has {format_bytes(report['ram_physical_bytes'])})" if limited else "")
                  + f", available {format_bytes(report['ram_available_bytes'])}; disk swap "
-                 + (f"not counted under a cgroup limit" if limited else format_bytes(report["swap_disk_bytes"]))
+                 + ("not counted under a cgroup limit" if limited else format_bytes(report["swap_disk_bytes"]))
                  + f", zram {format_bytes(report['swap_zram_bytes'])} (never counted)")
     theirs = report["comfyui_pin_cap_bytes"]
     lines.append(f"pinned-memory cap {format_bytes(report['pin_cap_bytes'])} ({report['pin_cap_source']})"

@@ -76,7 +76,7 @@ def split_argv(argv):
 
 def _print_and_status(name):
     if name == "--version":
-        from comfy_memx import __version__
+        from comfy_memx._version import __version__
         print(f"comfy_memx {__version__}")
     else:
         print(usage())

@@ -116,6 +116,13 @@ def _pin_limit(text):
     return text.strip()
 
 
+def _prompt_count(text):
+    value = int(text.strip())
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
 def _positive_seconds(text):
     value = float(text)
     if not math.isfinite(value) or value <= 0:
@@ -139,6 +146,8 @@ SETTINGS = (
             "Strict mode: write a Graphviz .dot file per leak there (and a PNG when a `dot` binary exists)."),
     Setting("COMFY_MEMX_LEAK_FAIL", "leak_fail", _bool, False, "1/true/yes/on or 0/false/no/off",
             "Launcher: exit with status 3 at shutdown if a rooted leak was found (for custom-node CI)."),
+    Setting("COMFY_MEMX_THRASH_PROMPTS", "thrash_prompts", _prompt_count, 3, "a whole number >= 0 (0: off)",
+            "Warn once per prompt about a model reloaded in each of the last N prompts."),
     Setting("COMFY_MEMX_PIN_LIMIT", "pin_limit", _pin_limit, "auto", PIN_LIMIT_FORMS,
             "Cap on pinned host memory; auto = 40 % of RAM on Windows, else max(40 % RAM, min(90 % RAM, RAM - 4 GiB, "
             "RAM + disk swap - 16 GiB)), with RAM clamped to the cgroup limit."),

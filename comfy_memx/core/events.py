@@ -3,6 +3,10 @@
 Every event has ``event``, ``time`` (unix seconds) and ``pid``.  Writing never blocks ComfyUI for long and never
 fails it: each line is one buffered write plus a flush, and a path that cannot be opened or written is reported once
 and then ignored while ComfyUI runs on.
+
+Lock rule (README, "Threads and locks"): the file lock is re-entrant.  Opening the file or writing a line may
+allocate and so run a garbage collection whose callbacks could emit an event on the same thread; that event is
+written whole, before or after the interrupted line, never inside it.
 """
 
 import json
@@ -23,7 +27,7 @@ class EventLog:
         self.path = path
         self._file = None
         self._broken = False
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._subscribers = []
 
     @property

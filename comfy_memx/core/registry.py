@@ -12,6 +12,7 @@ import importlib
 import logging
 import sys
 
+from comfy_memx._version import __version__
 from comfy_memx.core import importhook
 from comfy_memx.core.config import PATCH_NAMES
 from comfy_memx.core.errors import PatchSkipped, internal_error
@@ -127,5 +128,4 @@ def announce(force=False):
     if patches.announced and not force:
         return
     patches.announced = True
-    from comfy_memx import __version__
     log.info(startup_line(__version__, STATE.source, STATE.config.leak_mode))

@@ -29,6 +29,7 @@ class ProcessState:
         self.events = EventLog()
         self.publish_loads = False   # load_models_gpu publishes LoadCalls (only the pin budget needs them)
         self.free_request_hooks = []  # callables(phase) told when the worker starts and ends a /free unload
+        self.unload_requesters = []   # callables(reason) -> requested_by dict or None, asked before the call stack
 
     def configure(self, cfg, activation_source):
         """Install ``cfg`` as the active config and open the event log it names."""

@@ -50,7 +50,7 @@ def resolve(module, dotted):
         if owner is _MISSING:
             raise PatchSkipped(f"{'.'.join(owner_path)} absent in this ComfyUI")
     if _raw_attr(owner, attr) is _MISSING:
-        raise PatchSkipped(f"absent in this ComfyUI")
+        raise PatchSkipped("absent in this ComfyUI")
     return owner, attr
 
 

@@ -1,22 +1,28 @@
 """Turns what the model-management wrappers observe into ledger updates and ``load``/``unload`` events.
 
-Unload reasons travel down the call chain in a per-thread stack: ``unload_all_models`` pushes ``unload_all``,
-``free_request`` (called by ComfyUI's prompt worker for POST /free) or ``oom`` (called while an out-of-memory
-exception is being handled); ``free_memory`` pushes ``memory_pressure`` unless a caller already chose a reason;
-``LoadedModel.model_unload`` reads the top (``other`` when called directly, e.g. by a custom node).
+Unload reasons travel down the call chain in a per-thread stack of ``(reason, frame)``: ``unload_all_models``
+pushes ``unload_all``, ``free_request`` (called by ComfyUI's prompt worker for POST /free) or ``oom`` (called while
+an out-of-memory exception is being handled); ``free_memory`` pushes ``memory_pressure`` unless a caller already
+chose a reason; ``LoadedModel.model_unload`` reads the top (``other`` when called directly, e.g. by a custom node).
+The frame is the caller that entered the outermost scope: ``ledger.causes`` turns it into ``requested_by`` only when
+an unload really happens.  ``load_models_gpu`` calls are scopes too (:class:`LoadScope`): the models being loaded,
+for memory-pressure causes, and the full unloads seen during the call.
 Nothing here walks the heap or a state dict: every figure is an attribute read that ComfyUI itself keeps.
 The outermost ``free_request`` scope is announced to ``STATE.free_request_hooks`` (``POST /memx/free`` follows it).
 """
 
+import itertools
 import sys
 import threading
 import time
+import weakref
 
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.state import STATE
+from comfy_memx.ledger import causes
 from comfy_memx.ledger.attribution import current_owner
 
-REASONS = ("memory_pressure", "unload_all", "free_request", "clone_replaced", "oom", "other")
+REASONS = ("memory_pressure", "unload_all", "free_request", "clone_replaced", "dropped", "oom", "other")
 _OWN_REFS = 2  # the caller's local variable and getrefcount's own argument
 
 class _ReasonStack(threading.local):
@@ -27,21 +33,22 @@ class _ReasonStack(threading.local):
 _reasons = _ReasonStack()
 
 
-def push_reason(reason, keep_outer=False):
-    """Enter a scope whose unloads have ``reason`` (or the enclosing scope's reason when ``keep_outer``)."""
+def push_reason(reason, keep_outer=False, frame=None):
+    """Enter a scope whose unloads have ``reason`` (or the enclosing scope's when ``keep_outer``); ``frame`` is the
+    caller that asked (default: the caller of this function)."""
     stack = _reasons.stack
     if stack:
-        stack.append(stack[-1] if keep_outer else reason)
+        stack.append(stack[-1] if keep_outer else (reason, stack[-1][1]))
         return
     if reason == "free_request" and STATE.free_request_hooks:
         _announce_free_request("start")
-    stack.append(reason)
+    stack.append((reason, frame if frame is not None else sys._getframe(1)))
 
 
 def pop_reason():
     """Leave the scope entered by the matching :func:`push_reason`."""
     stack = _reasons.stack
-    if stack.pop() == "free_request" and not stack and STATE.free_request_hooks:
+    if stack.pop()[0] == "free_request" and not stack and STATE.free_request_hooks:
         _announce_free_request("end")
 
 
@@ -69,31 +76,50 @@ class _LoadStack(threading.local):
 _loads = _LoadStack()
 
 
-class _UnloadedInLoad(threading.local):
+class LoadScope:
+    """A ``load_models_gpu`` call (``models``, the caller ``frame``) or a node's execution (``models`` None) in
+    progress on this thread; ``unloaded`` collects the ids of the ``real_model`` weakrefs of the entries that were
+    fully unloaded, or reported otherwise, during it."""
+    __slots__ = ("models", "frame", "unloaded")
+
+    def __init__(self, models, frame):
+        self.models, self.frame, self.unloaded = models, frame, set()
+
+
+class _Scopes(threading.local):
     def __init__(self):
         self.scopes = []
 
 
-_unloaded_in_load = _UnloadedInLoad()
+_scopes = _Scopes()
 
 
-def begin_load_scope():
-    """A ``load_models_gpu`` call starts on this thread: full unloads during it are noted (see :func:`note_unloaded`)."""
-    _unloaded_in_load.scopes.append(set())
+def begin_load_scope(models=None, frame=None):
+    """A ``load_models_gpu`` call (or a node) starts on this thread; returns its :class:`LoadScope`."""
+    scope = LoadScope(models, frame)
+    _scopes.scopes.append(scope)
+    return scope
 
 
 def end_load_scope():
-    """The ``load_models_gpu`` call ends: returns the ids of the module weakrefs that ``model_unload`` fully unloaded
-    during it (its clone-replacement check skips them; they were reported by the unload)."""
-    scopes = _unloaded_in_load.scopes
-    return scopes.pop() if scopes else set()
+    """The innermost scope ends: returns the ids of the module weakrefs unloaded or reported during it."""
+    scopes = _scopes.scopes
+    return scopes.pop().unloaded if scopes else set()
+
+
+def current_load_scope():
+    """The innermost ``load_models_gpu`` scope of this thread (node scopes skipped), or None."""
+    for scope in reversed(_scopes.scopes):
+        if scope.models is not None:
+            return scope
+    return None
 
 
 def note_unloaded(module_ref):
-    """``model_unload`` fully unloaded the entry whose ``real_model`` weakref is ``module_ref``."""
-    scopes = _unloaded_in_load.scopes
-    if scopes:
-        scopes[-1].add(id(module_ref))
+    """The entry whose ``real_model`` weakref is ``module_ref`` left ComfyUI's list and was reported."""
+    key = id(module_ref)
+    for scope in _scopes.scopes:
+        scope.unloaded.add(key)
 
 
 def publish_loads(on):
@@ -121,7 +147,14 @@ def reason_stack():
 def current_reason():
     """The reason of the innermost unload scope of this thread, ``other`` outside any."""
     stack = _reasons.stack
-    return stack[-1] if stack else "other"
+    return stack[-1][0] if stack else "other"
+
+
+def current_cause(caller_frame):
+    """``(reason, requested_by)`` of an unload happening now; ``caller_frame`` asked when no scope is open."""
+    stack = _reasons.stack
+    reason, frame = stack[-1] if stack else ("other", caller_frame)
+    return reason, causes.requested_by(reason, frame, current_load_scope())
 
 
 def reason_for_unload_all(caller_frame, oom_test):
@@ -162,13 +195,16 @@ def on_load(entry, patcher, loaded_before, seconds, caller_frame):
     record.owner = current_owner(caller_frame)
     record.loads += 1
     record.loaded_at = record.last_used
+    reload = causes.on_loaded(record, moved, seconds)
     if STATE.events.wanted:
         STATE.events.emit("load", **_identity(record), bytes=moved, loaded_bytes=loaded_after,
-                            seconds=round(seconds, 6), gb_per_s=_rate(moved, seconds))
+                          seconds=round(seconds, 6), gb_per_s=_rate(moved, seconds), reload=reload)
 
 
-def on_unload(patcher, module, loaded_before, loaded_after, fully, seconds, refcounts, reason=None):
-    """Record one unload (``model_unload`` or a silent clone replacement) and emit an ``unload`` event."""
+def on_unload(patcher, module, loaded_before, loaded_after, fully, seconds, refcounts, caller_frame, reason=None,
+              requested=None):
+    """Record one unload (``model_unload``, a silent clone replacement, an entry dropped from ComfyUI's list) and
+    emit an ``unload`` event with its cause; ``caller_frame`` asked for it when no unload scope is open."""
     if module is None:
         return
     record = STATE.ledger.record_for(module)
@@ -177,12 +213,64 @@ def on_unload(patcher, module, loaded_before, loaded_after, fully, seconds, refc
     freed = max(0, loaded_before - loaded_after)
     record.loaded_bytes = loaded_after
     record.touch()
-    unload = {"reason": reason or current_reason(), "bytes": freed, "partial": not fully,
+    scope_reason, scope_requested = current_cause(caller_frame) if requested is None else (None, requested)
+    reason = reason or scope_reason
+    if requested is None and reason != scope_reason:
+        requested = causes.requested_by(reason, caller_frame, current_load_scope())
+    requested = requested or scope_requested
+    when = round(time.time(), 6)
+    causes.on_unloaded(record, reason, requested, freed, when)
+    record.unload_seq = next(_unload_numbers)
+    unload = {"reason": reason, "requested_by": requested, "bytes": freed, "partial": not fully,
               "refcounts": refcounts, "extra_referrers": max(0, refcounts["module"] - record.live_patchers()),
-              "seconds": round(seconds, 6), "gb_per_s": _rate(freed, seconds), "time": round(time.time(), 6)}
+              "seconds": round(seconds, 6), "gb_per_s": _rate(freed, seconds), "time": when}
     record.unloads.append(unload)
     if STATE.events.wanted:
         STATE.events.emit("unload", **_identity(record), **unload)
+
+
+_unload_numbers = itertools.count()
+
+
+def entries_snapshot(model_management):
+    """What ComfyUI's ``current_loaded_models`` holds now, by weakref, with the number of the last reported unload:
+    taken before a node runs, so that :func:`note_dropped` can tell what the node removed behind ComfyUI's back."""
+    refs = []
+    for entry in model_management.current_loaded_models:
+        module_ref = entry.real_model
+        if module_ref is not None:
+            try:
+                refs.append((weakref.ref(entry), module_ref))
+            except TypeError:
+                refs.append((None, module_ref))
+    return next(_unload_numbers), refs
+
+
+def note_dropped(model_management, snapshot, requested):
+    """Report, as unloads of reason ``dropped`` asked for by ``requested``, the entries that left ComfyUI's list
+    since ``snapshot`` while their module lives and no unload of theirs was reported (a custom node removed them
+    from ``current_loaded_models``: ComfyUI no longer manages those weights, which stay where they were)."""
+    started, refs = snapshot
+    remaining = {id(entry) for entry in model_management.current_loaded_models}
+    for entry_ref, module_ref in refs:
+        entry = entry_ref() if entry_ref is not None else None
+        if entry is not None and (id(entry) in remaining or entry.real_model is None):
+            continue
+        if entry_ref is None:
+            continue
+        module = module_ref()
+        if module is None:
+            continue
+        record = STATE.ledger.record_for(module)
+        if record.unload_seq > started:
+            continue  # reported during the node: unloaded, or replaced by a clone
+        patcher = entry.model if entry is not None else None
+        del entry
+        loaded = int(getattr(module, "model_loaded_weight_memory", 0) or 0)
+        refcounts = {"patcher": external_refcount(sys.getrefcount(patcher)) if patcher is not None else 0,
+                     "module": external_refcount(sys.getrefcount(module))}
+        on_unload(patcher, module, loaded, loaded, True, 0.0, refcounts, None, reason="dropped", requested=requested)
+        del module, patcher
 
 
 def _identity(record):

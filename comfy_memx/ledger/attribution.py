@@ -80,6 +80,28 @@ def current_owner(frame=None):
     return Owner(prompt_id, node_id, class_type, package_on_stack(frame or sys._getframe(1)))
 
 
+WORKER_FUNCTION = "prompt_worker"  # COMFY: main.prompt_worker (0.3.64, 0.27.0, 0.33.0) runs /free and the OOM path
+
+
+def caller_on_stack(frame):
+    """Who is calling, from ``frame`` outwards: ``("package", name)`` for the innermost frame under custom_nodes,
+    ``("worker", None)`` when ComfyUI's prompt worker is reached first, else ``("core", None)``."""
+    depth = 0
+    while frame is not None and depth < MAX_FRAMES:
+        code = frame.f_code
+        if code.co_name == WORKER_FUNCTION:
+            return "worker", None
+        filename = code.co_filename
+        package = _package_by_file.get(filename, False)
+        if package is False:
+            package = _package_by_file[filename] = package_of_file(filename)
+        if package is not None:
+            return "package", package
+        frame = frame.f_back
+        depth += 1
+    return "core", None
+
+
 def package_on_stack(frame):
     """The custom-node package of the innermost frame from ``frame`` outwards that lives under custom_nodes."""
     depth = 0

@@ -25,7 +25,9 @@ UNLOADS_KEPT = 16
 class ModelRecord:
     """What comfy_memx knows about one torch module."""
     __slots__ = ("model_id", "model", "module_ref", "patcher_id", "model_bytes", "device", "owner", "loaded_bytes",
-                 "loaded_at", "last_used", "loads", "unloads", "patchers", "leak", "__weakref__")
+                 "loaded_at", "last_used", "loads", "unloads", "patchers", "leak", "last_unload_cause", "reloads",
+                 "reload_seconds", "reload_bytes", "reload_causes", "reload_prompts", "thrash_warned",
+                 "unload_seq", "__weakref__")
 
     def __init__(self, model_id, module_ref, class_name):
         self.model_id = model_id
@@ -42,6 +44,14 @@ class ModelRecord:
         self.unloads = collections.deque(maxlen=UNLOADS_KEPT)
         self.patchers = {}  # id(patcher) -> weakref.ref(patcher), pruned when a patcher dies
         self.leak = None    # None, or the leak state kept by comfy_memx.leaks.watch (a plain dict)
+        self.last_unload_cause = None   # the cause of the last unload that moved bytes (comfy_memx.ledger.causes)
+        self.reloads = 0
+        self.reload_seconds = 0.0
+        self.reload_bytes = 0
+        self.reload_causes = {}         # cause label -> tally; bounded by the distinct causes
+        self.reload_prompts = collections.deque(maxlen=3)
+        self.thrash_warned = None
+        self.unload_seq = -1            # the number of its last reported unload (see accounting.entries_snapshot)
 
     @property
     def alive(self):

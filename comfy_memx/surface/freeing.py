@@ -82,8 +82,9 @@ class WorkerRun:
 class FreeRequest:
     """One free request, from its flags to the worker's garbage-collection pass; holds no model."""
 
-    def __init__(self, queue, unload_models, free_memory):
+    def __init__(self, queue, unload_models, free_memory, client=None):
         self.queue = queue
+        self.client = client          # who asked (the HTTP peer), for the unloads' requested_by
         self.unload_models = unload_models
         self.free_memory = free_memory
         self.keys = tuple(name for name, wanted in zip(FLAGS, (unload_models, free_memory)) if wanted)
@@ -162,7 +163,7 @@ def _desk():
     return STATE.part(FreeDesk)
 
 
-def submit(queue, unload_models=True, free_memory=True, follow=True):
+def submit(queue, unload_models=True, free_memory=True, follow=True, client=None):
     """Register a free request and set ComfyUI's flags for it on ``queue`` (its ``PromptQueue``), atomically with
     respect to the worker's ``get_flags``; returns the :class:`FreeRequest`.  Call :func:`end` when done with it.
 
@@ -170,7 +171,7 @@ def submit(queue, unload_models=True, free_memory=True, follow=True):
     as ComfyUI's own ``/free`` does, and never withdrawn.
     """
     desk = _desk()
-    request = FreeRequest(queue, unload_models, free_memory)
+    request = FreeRequest(queue, unload_models, free_memory, client)
     if not follow:
         for name in request.keys:
             queue.set_flag(name, True)
@@ -309,7 +310,20 @@ def _on_event(event):
                             "bytes": event.get("bytes", 0), "device": event.get("device")})
 
 
+def _requested_by(reason):
+    """The requester of the unloads of a run that serves /memx/free requests (``ledger.causes`` asks this first)."""
+    if reason != "free_request":
+        return None
+    run = _my_run()
+    if run is None:
+        return None
+    return {"kind": "http", "route": "/memx/free",
+            "clients": sorted({request.client for request in run.requests if request.client})}
+
+
 def _install(desk):
+    if _requested_by not in STATE.unload_requesters:
+        STATE.unload_requesters.append(_requested_by)
     if _on_free_phase not in STATE.free_request_hooks:
         STATE.free_request_hooks.append(_on_free_phase)
     if _on_gc not in gc.callbacks:
@@ -322,6 +336,8 @@ def _install(desk):
 
 
 def _uninstall(desk):
+    if _requested_by in STATE.unload_requesters:
+        STATE.unload_requesters.remove(_requested_by)
     if _on_free_phase in STATE.free_request_hooks:
         STATE.free_request_hooks.remove(_on_free_phase)
     if _on_gc in gc.callbacks:

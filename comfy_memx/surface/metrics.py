@@ -19,6 +19,8 @@ comfy_memx_unload_bytes_total              counter    reason
 comfy_memx_leaks_total                     counter    package, stage (once per leaked model)
 comfy_memx_leak_sightings_total            counter    package: later prompts that saw a known leak again
 comfy_memx_leak_searches_total             counter    reason (new, holders_changed, deferred)
+comfy_memx_reloads_total                   counter    model, cause_package: reloads charged to an unload's cause
+comfy_memx_reload_seconds_total            counter    model, cause_package
 comfy_memx_pin_evictions_total             counter    reason
 comfy_memx_pin_evicted_bytes_total         counter    reason
 comfy_memx_pin_refusals_total              counter    reason
@@ -79,6 +81,10 @@ class Metrics:
         self.leak_sightings = counter("leak_sightings", "Prompts in which ComfyUI warned again about a known leak",
                                       ["package"])
         self.leak_searches = counter("leak_searches", "Strict holder searches run after leak warnings", ["reason"])
+        self.reloads = counter("reloads", "Loads of weights that an earlier unload had moved off the device",
+                               ["model", "cause_package"])
+        self.reload_seconds = counter("reload_seconds", "Seconds spent reloading weights, by the unload's cause",
+                                      ["model", "cause_package"])
         self.pin_evictions = counter("pin_evictions", "Pinned-memory evictions", ["reason"])
         self.pin_evicted_bytes = counter("pin_evicted_bytes", "Pinned bytes evicted", ["reason"])
         self.pin_refusals = counter("pin_refusals", "Pin requests refused", ["reason"])
@@ -95,6 +101,11 @@ class Metrics:
         """Update the counters and histograms from one comfy_memx event (unknown events are ignored)."""
         kind = event.get("event")
         if kind == "load":
+            reload = event.get("reload")
+            if isinstance(reload, dict):
+                labels = (str(event.get("model") or "?"), str(reload.get("package") or "?"))
+                self.reloads.labels(*labels).inc()
+                self.reload_seconds.labels(*labels).inc(max(0.0, reload.get("seconds") or 0.0))
             package = _package(event)
             self.loads.labels(package).inc()
             self.load_bytes.labels(package).inc(max(0, event.get("bytes") or 0))

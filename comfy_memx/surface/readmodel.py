@@ -11,6 +11,7 @@ import sys
 
 from comfy_memx.core.state import STATE
 from comfy_memx.leaks import watch as leakwatch
+from comfy_memx.ledger import causes
 from comfy_memx.pins import session as pin_session
 
 MAX_TEXT = 300
@@ -85,7 +86,8 @@ def _row(record, module, mm, listed):
             "pinned_bytes": _pinned_bytes(record, patcher, mm), "owner": record.owner._asdict(),
             "loaded_at": record.loaded_at, "last_used": record.last_used, "loads": record.loads,
             "unloads": len(record.unloads),
-            "last_unload": {k: last[k] for k in ("reason", "bytes", "time")} if last else None,
+            "last_unload": {k: last.get(k) for k in ("reason", "requested_by", "bytes", "time")} if last else None,
+            **causes.reload_view(record),
             "in_comfyui_loaded_list": id(module) in listed, "leak": leakwatch.public_state(record.leak)}
 
 

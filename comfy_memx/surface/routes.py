@@ -79,7 +79,8 @@ class Handlers:
         queue = self.server.prompt_queue
         observable = can_observe_worker()
         running = freeing.prompt_running(queue)
-        ticket = freeing.submit(queue, unload_models=unload_models, free_memory=free_memory, follow=observable)
+        ticket = freeing.submit(queue, unload_models=unload_models, free_memory=free_memory, follow=observable,
+                                client=request.remote)
         try:
             done = await _wait_done(ticket, timeout) if observable else False
         finally:

@@ -129,6 +129,16 @@ def _dependency_order(prompt, targets):
     return order
 
 
+async def get_output_data(prompt_id, unique_id, obj, input_data_all, execution_block_cb=None, pre_execute_cb=None):
+    """Run one node's function (ComfyUI's module-level ``get_output_data``: every node's run goes through it)."""
+    function = getattr(obj, type(obj).FUNCTION)
+    with CurrentNodeContext(prompt_id, unique_id, 0 if input_data_all else None):
+        result = function(**input_data_all)
+        if inspect.isawaitable(result):
+            result = await result
+    return result
+
+
 class PromptExecutor:
     """Runs prompts, keeping node outputs cached between them."""
 
@@ -195,11 +205,7 @@ class PromptExecutor:
             if obj is None:
                 obj = self.objects[(node_id, class_type)] = class_def()
             nodes.before_node_execution()
-            function = getattr(obj, class_def.FUNCTION)
-            with CurrentNodeContext(prompt_id, node_id, 0 if inputs else None):
-                result = function(**inputs)
-                if inspect.isawaitable(result):
-                    result = await result
+            result = await get_output_data(prompt_id, node_id, obj, inputs)
             if isinstance(result, dict):
                 result = result.get("result", ())
             self.caches.outputs.set(node_id, tuple(result))

@@ -1,0 +1,183 @@
+"""One layout for every install kind: what the wheel holds, what the package imports, where the suite runs.
+
+Users install a wheel (``pip install .``, a Dockerfile) or run from a checkout; the tests must see what they see.
+"""
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import comfy_memx
+from comfy_memx.core import discovery
+from comfy_memx.core.errors import SetupError
+
+ROOT = Path(__file__).resolve().parents[1]
+INSTALL_KIND = os.environ.get("MEMX_TEST_INSTALL")  # set by .ci/run: "wheel" or "editable"
+
+
+def source_modules():
+    """``comfy_memx/...py`` names of the source tree: the package (through its patches link) and ``patches/``."""
+    names = set()
+    for folder, prefix in ((ROOT / "comfy_memx", "comfy_memx/"), (ROOT / "patches", "comfy_memx/patches/")):
+        for path in folder.rglob("*.py"):
+            relative = path.relative_to(folder).as_posix()
+            if "__pycache__" not in relative and not relative.startswith("patches/"):
+                names.add(prefix + relative)
+    return names
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dist")
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                            "-w", str(out), str(ROOT)], capture_output=True, text=True, timeout=300,
+                           cwd=str(tmp_path_factory.mktemp("build-cwd")))
+    assert build.returncode == 0, build.stderr[-3000:]
+    [path] = out.glob("comfy_memx-*.whl")
+    return path
+
+
+def test_the_wheel_holds_every_module_of_the_source_tree_and_nothing_else(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = {name for name in names if name.endswith(".py")}
+    assert shipped == source_modules()
+    assert "comfy_memx.pth" in names
+    assert not any(name.startswith(("tests/", "patches/", "bench/")) for name in names)
+
+
+def test_the_checkout_link_makes_the_patches_part_of_the_package():
+    link = ROOT / "comfy_memx" / "patches"
+    assert link.is_symlink() and os.readlink(link) == "../patches"
+    assert set(discovery.patch_names([str(link)])) == {p.stem for p in (ROOT / "patches").glob("[!_]*.py")}
+
+
+def test_the_suite_runs_against_the_install_kind_ci_asked_for():
+    here = Path(comfy_memx.__file__).resolve()
+    if INSTALL_KIND == "wheel":
+        assert ROOT not in here.parents and "site-packages" in here.parts, here
+    elif INSTALL_KIND == "editable":
+        assert here.parent == ROOT / "comfy_memx", here
+    else:
+        pytest.skip("MEMX_TEST_INSTALL is not set (.ci/run sets it for the editable and the wheel runs)")
+
+
+def _imports(path, package):
+    """The comfy_memx modules that the file at ``path`` imports anywhere (top level or inside functions)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("comfy_memx"))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                module = f"{base}.{node.module}" if node.module else base
+            else:
+                module = node.module or ""
+            if module.startswith("comfy_memx"):
+                found.update(f"{module}.{alias.name}" for alias in node.names)
+                found.add(module)
+    return found
+
+
+def import_graph():
+    """module -> the package modules it imports (an imported name that is not a module counts as its module)."""
+    modules = {}
+    for folder, prefix in ((ROOT / "comfy_memx", ("comfy_memx",)), (ROOT / "patches", ("comfy_memx", "patches"))):
+        for path in folder.rglob("*.py"):
+            if "__pycache__" in path.parts or "demo_world" in path.parts:
+                continue
+            parts = list(prefix + path.relative_to(folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join(parts)] = path
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for imported in _imports(path, package):
+            while imported and imported not in modules:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name:
+                targets.add(imported)
+        graph[name] = targets
+    return graph
+
+
+def test_the_package_import_graph_has_no_circle():
+    graph = import_graph()
+    assert "comfy_memx.core.state" in graph and "comfy_memx.patches.model_management" in graph
+    state, stack, circles = {}, [], []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for target in sorted(graph[node]):
+            if state.get(target) == "open":
+                circles.append(stack[stack.index(target):] + [target])
+            elif target not in state:
+                visit(target)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    assert circles == []
+
+
+def test_core_imports_no_feature_and_nothing_imports_the_cli():
+    graph = import_graph()
+    features = ("comfy_memx.leaks", "comfy_memx.surface", "comfy_memx.cli", "comfy_memx.patches")
+    for name, targets in graph.items():
+        if name.startswith("comfy_memx.core"):
+            assert not [t for t in targets if t.startswith(features)], name
+        if not name.startswith(("comfy_memx.cli", "comfy_memx.__main__")):
+            assert not [t for t in targets if t.startswith("comfy_memx.cli")], name
+
+
+def test_zero_patch_modules_is_an_error_naming_the_cause():
+    with pytest.raises(SetupError, match="holds no patch module|is missing"):
+        discovery.require_patches(())
+    discovery.require_patches(("model_management",))
+
+
+@pytest.fixture
+def package_without_patches(tmp_path):
+    """A copy of the installed package whose ``patches`` folder lost its modules (a broken install)."""
+    copy = tmp_path / "site" / "comfy_memx"
+    shutil.copytree(Path(comfy_memx.__file__).parent, copy, symlinks=False,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for module in (copy / "patches").glob("*.py"):
+        if module.name != "__init__.py":
+            module.unlink()
+    return copy.parent
+
+
+def _run(args, site, **env):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("COMFY_MEMX")}
+    clean.update(env, PYTHONPATH=str(site))
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120, env=clean,
+                          cwd=str(site))
+
+
+def test_the_launcher_exits_2_when_no_patch_module_is_installed(package_without_patches, tmp_path):
+    script = tmp_path / "main.py"
+    script.write_text("print('ComfyUI ran')\n")
+    out = _run(["-m", "comfy_memx", str(script)], package_without_patches)
+    assert out.returncode == 2 and "ComfyUI ran" not in out.stdout
+    assert "holds no patch module" in out.stderr and "incomplete" in out.stderr
+
+
+def test_the_env_flag_logs_one_error_and_runs_comfyui_unpatched_when_no_patch_module_is_installed(
+        package_without_patches, tmp_path):
+    out = _run(["-c", "import comfy_memx._startup; print('ComfyUI ran')"], package_without_patches, COMFY_MEMX="1")
+    assert out.returncode == 0 and "ComfyUI ran" in out.stdout
+    errors = [line for line in out.stderr.splitlines() if "comfy_memx" in line]
+    assert len(errors) == 1 and "holds no patch module" in errors[0] and "NOT active" in errors[0]
