@@ -22,7 +22,7 @@ MODEL_KEYS = {"model", "model_id", "state", "bytes", "loaded_bytes", "load_devic
               "pinned_bytes", "owner", "loaded_at", "last_used", "loads", "unloads", "last_unload",
               "reloads", "reload_seconds", "reload_bytes", "reload_causes", "in_comfyui_loaded_list", "leak"}
 RECEIPT_KEYS = {"status", "worker", "waited_s", "request", "run", "freed", "freed_bytes", "released_bytes",
-                "still_loaded", "survivors", "survivor_bytes", "prompt_running_at_request"}
+                "still_loaded", "survivors", "survivor_bytes", "memory", "prompt_running_at_request"}
 SURVIVOR_KEYS = {"model", "model_id", "owner", "bytes", "resident_bytes", "reason", "leak", "holders", "search"}
 OWNER_KEYS = {"prompt_id", "node_id", "class_type", "package"}
 
@@ -207,6 +207,10 @@ def test_free_waits_for_the_worker_and_names_the_survivor_with_its_chain(version
     assert chain["path"].startswith("leaky_pack.LeakyLoader._cache['qwen_xxx") and len(chain["path"]) <= 300
     assert chain["package"] == "leaky_pack" and chain["root_kind"] == "class_attribute"
     assert survivor["search"]["complete"] is True
+    memory = receipt["memory"]
+    assert memory["rss_before"] > 0 and memory["rss_after"] > 0 and memory["rss_after_trim"] > 0
+    assert memory["trim"]["returned_bytes"] >= 0 and memory["trim"]["seconds"] >= 0
+    assert memory["held_bytes"] == survivor["bytes"]     # the leaked model's weights are the only ones in RAM
     cache.clear()
     gc.collect()
     assert module_ref() is None   # neither the receipt nor the search kept the module

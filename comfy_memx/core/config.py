@@ -146,6 +146,8 @@ SETTINGS = (
             "Strict mode: write a Graphviz .dot file per leak there (and a PNG when a `dot` binary exists)."),
     Setting("COMFY_MEMX_LEAK_FAIL", "leak_fail", _bool, False, "1/true/yes/on or 0/false/no/off",
             "Launcher: exit with status 3 at shutdown if a rooted leak was found (for custom-node CI)."),
+    Setting("COMFY_MEMX_TRIM", "trim", _bool, True, "1/true/yes/on or 0/false/no/off",
+            "/memx/free: return the C allocator's free pages to the kernel (glibc malloc_trim) and report the bytes."),
     Setting("COMFY_MEMX_THRASH_PROMPTS", "thrash_prompts", _prompt_count, 3, "a whole number >= 0 (0: off)",
             "Warn once per prompt about a model reloaded in each of the last N prompts."),
     Setting("COMFY_MEMX_PIN_LIMIT", "pin_limit", _pin_limit, "auto", PIN_LIMIT_FORMS,

@@ -37,6 +37,7 @@ from comfy_memx.core import registry
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.state import STATE
 from comfy_memx.leaks import watch as leakwatch
+from comfy_memx.surface import readmodel, retention
 from comfy_memx.surface.readmodel import still_loaded
 
 MAX_SEARCHED = 8  # survivors per request that get a holder search (each bounded by COMFY_MEMX_LEAK_BUDGET)
@@ -92,6 +93,7 @@ class FreeRequest:
         self.run = None               # the WorkerRun that consumed this request's flags
         self.withdrawn = False
         self.before = {r.model_id: r for r in STATE.ledger.records()}  # records only: weakrefs to modules
+        self.rss_before = retention.rss_bytes()
         self._event = threading.Event()
         self._callbacks = []
 
@@ -354,14 +356,15 @@ def prompt_running(prompt_queue):
 
 # -- the receipt -----------------------------------------------------------------------------------------------------
 
-def receipt(request, model_management=None, search_holders=True):
+def receipt(request, model_management=None, search_holders=True, trim=False):
     """The receipt of ``request``: freed, still_loaded, survivors (with holder chains when ``search_holders``).
 
     Survivors are taken among the models alive when the request began, plus every leaked model.  When the run that
     served the request reset ComfyUI's caches (``free_memory``, ours or another client's in the same run), any of
     them still alive is kept by something else; after an unload only, a model counts when ComfyUI warned about it
     or no ModelPatcher refers to it any more.  Before the worker is done only the leaked ones are known, and no
-    search runs.
+    search runs.  ``memory`` tells allocator retention from held bytes (``surface.retention``); ``trim`` runs
+    ``malloc_trim(0)`` first (the route does once the worker is done).
     """
     if model_management is None:
         model_management = sys.modules.get("comfy.model_management")
@@ -384,6 +387,7 @@ def receipt(request, model_management=None, search_holders=True):
     for survivor, record in survivors:
         survivor["leak"] = leakwatch.public_state(record.leak)
     rows = [survivor for survivor, _ in survivors]
+    memory = _memory(request, trim)
     run = request.run
     finished = run.finished if run is not None and run.finished else time.time()
     return {"status": "done" if request.done else "pending", "worker": request.state,
@@ -394,7 +398,29 @@ def receipt(request, model_management=None, search_holders=True):
             "freed": freed, "freed_bytes": sum(row["unloaded_bytes"] for row in freed),
             "released_bytes": sum(row["bytes"] for row in freed if row["released"]),
             "still_loaded": loaded, "survivors": rows,
-            "survivor_bytes": sum(row["bytes"] for row in rows)}
+            "survivor_bytes": sum(row["bytes"] for row in rows), "memory": memory}
+
+
+def _memory(request, trim):
+    memory = {"rss_before": request.rss_before, "rss_after": retention.rss_bytes()}
+    if trim:
+        memory["trim"] = retention.trim()
+    else:
+        memory["trim"] = {"skipped": "the worker had not finished freeing"}
+    memory["rss_after_trim"] = memory["trim"].pop("rss_after_trim", None)
+    memory["held_bytes"] = retention.held_bytes(readmodel.model_rows())
+    return memory
+
+
+def record_free(request, receipt_data):
+    """Write the ``free`` event of a finished request: what was freed, survivors, and the memory figures."""
+    run = request.run
+    STATE.events.emit("free", status=receipt_data["status"], client=request.client,
+                      request=receipt_data["request"], run=receipt_data["run"],
+                      freed=len(receipt_data["freed"]), freed_bytes=receipt_data["freed_bytes"],
+                      released_bytes=receipt_data["released_bytes"], survivors=len(receipt_data["survivors"]),
+                      survivor_bytes=receipt_data["survivor_bytes"], memory=receipt_data["memory"],
+                      seconds=round((run.finished or time.time()) - request.began, 3) if run is not None else None)
 
 
 def _freed(request):

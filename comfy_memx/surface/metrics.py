@@ -21,6 +21,10 @@ comfy_memx_leak_sightings_total            counter    package: later prompts tha
 comfy_memx_leak_searches_total             counter    reason (new, holders_changed, deferred)
 comfy_memx_reloads_total                   counter    model, cause_package: reloads charged to an unload's cause
 comfy_memx_reload_seconds_total            counter    model, cause_package
+comfy_memx_models_ram_bytes                gauge      -: RAM held by live models (their CPU-resident weights)
+comfy_memx_process_rss_bytes               gauge      -: resident memory of the ComfyUI process
+comfy_memx_trim_returned_bytes_total       counter    -: bytes malloc_trim returned after /memx/free
+comfy_memx_last_free_bytes                 gauge      kind: allocator_retained, held_by_models, rss_after
 comfy_memx_pin_evictions_total             counter    reason
 comfy_memx_pin_evicted_bytes_total         counter    reason
 comfy_memx_pin_refusals_total              counter    reason
@@ -36,7 +40,7 @@ import logging
 
 from comfy_memx.core.errors import MemxError
 from comfy_memx.core.state import STATE
-from comfy_memx.surface import readmodel
+from comfy_memx.surface import readmodel, retention
 
 log = logging.getLogger("comfy_memx")
 
@@ -88,6 +92,10 @@ class Metrics:
         self.pin_evictions = counter("pin_evictions", "Pinned-memory evictions", ["reason"])
         self.pin_evicted_bytes = counter("pin_evicted_bytes", "Pinned bytes evicted", ["reason"])
         self.pin_refusals = counter("pin_refusals", "Pin requests refused", ["reason"])
+        self.trim_returned = counter("trim_returned_bytes", "Bytes malloc_trim gave back to the kernel after "
+                                     "/memx/free (what the C allocator had kept)", [])
+        self.last_free = pc.Gauge(PREFIX + "last_free_bytes", "Memory figures of the last /memx/free",
+                                  ["kind"], registry=self.registry)
         self.load_seconds = pc.Histogram(PREFIX + "load_seconds", "Seconds per model load that moved bytes",
                                          buckets=SECONDS_BUCKETS, registry=self.registry)
         self.offload_seconds = pc.Histogram(PREFIX + "offload_seconds", "Seconds per model unload (offload)",
@@ -131,6 +139,16 @@ class Metrics:
             self.pin_evicted_bytes.labels(reason).inc(max(0, event.get("bytes") or 0))
         elif kind == "pin_refused":
             self.pin_refusals.labels(str(event.get("reason") or "?")).inc()
+        elif kind == "free":
+            memory = event.get("memory") or {}
+            returned = (memory.get("trim") or {}).get("returned_bytes")
+            if returned is not None:
+                self.trim_returned.inc(max(0, returned))
+                self.last_free.labels("allocator_retained").set(returned)
+            if memory.get("held_bytes") is not None:
+                self.last_free.labels("held_by_models").set(memory["held_bytes"])
+            if memory.get("rss_after_trim") or memory.get("rss_after"):
+                self.last_free.labels("rss_after").set(memory.get("rss_after_trim") or memory["rss_after"])
 
     def exposition(self):
         """``(body bytes, content type)`` of the Prometheus text format."""
@@ -154,7 +172,8 @@ class _StateCollector:
         sizes = gauge(PREFIX + "model_bytes", "Weights of one model, wherever they are",
                       labels=["model", "model_id", "package", "state"])
         totals = {}
-        for row in (self._model_rows or readmodel.model_rows)():
+        rows = (self._model_rows or readmodel.model_rows)()
+        for row in rows:
             package = str(row["owner"].get("package") or "?")
             device = str(row["load_device"])
             totals[device] = totals.get(device, 0) + row["loaded_bytes"]
@@ -165,6 +184,14 @@ class _StateCollector:
         yield per_device
         yield per_model
         yield sizes
+        held = gauge(PREFIX + "models_ram_bytes", "RAM that live models hold (their CPU-resident weights)")
+        held.add_metric([], retention.held_bytes(rows))
+        yield held
+        rss = retention.rss_bytes()
+        if rss is not None:
+            process = gauge(PREFIX + "process_rss_bytes", "Resident memory of the ComfyUI process")
+            process.add_metric([], rss)
+            yield process
         facts = (self._pin_facts or readmodel.pin_facts)()
         pinned = gauge(PREFIX + "pinned_bytes", "Pinned (page-locked) host memory")
         pinned.add_metric([], facts.get("pinned_bytes") or 0)

@@ -86,7 +86,8 @@ class Handlers:
         finally:
             freeing.end(ticket)
         loop = asyncio.get_running_loop()
-        receipt = await loop.run_in_executor(None, freeing.receipt, ticket, None, done)
+        receipt = await loop.run_in_executor(None, freeing.receipt, ticket, None, done, done)
+        freeing.record_free(ticket, receipt)
         receipt["prompt_running_at_request"] = running
         if not observable:
             receipt["note"] = ("comfy_memx's PromptQueue.get_flags wrapper is off (COMFY_MEMX_DISABLE=execution?), "
