@@ -187,11 +187,12 @@ def test_free_waits_for_the_worker_and_names_the_survivor_with_its_chain(version
         leaked_before = [r for r in rows if r["state"] == "leaked"]
         cached = next(r for r in rows if r["state"] != "leaked")
         status, receipt = await comfy.free({"unload_models": True, "free_memory": True})
+        _, after = await comfy.get_json("/memx/models")
         import nodes
         cache = nodes.NODE_CLASS_MAPPINGS["LeakyLoader"]._cache
-        return status, receipt, leaked_before, cached, cache, weakref.ref(cache[long_name])
+        return status, receipt, leaked_before, cached, cache, weakref.ref(cache[long_name]), after
 
-    status, receipt, leaked_before, cached, cache, module_ref = serve(version, tmp_path, scenario)
+    status, receipt, leaked_before, cached, cache, module_ref, after = serve(version, tmp_path, scenario)
     assert status == 200 and set(receipt) == RECEIPT_KEYS
     assert receipt["status"] == receipt["worker"] == "done" and receipt["prompt_running_at_request"] is False
     assert receipt["request"] == {"unload_models": True, "free_memory": True}
@@ -210,7 +211,9 @@ def test_free_waits_for_the_worker_and_names_the_survivor_with_its_chain(version
     memory = receipt["memory"]
     assert memory["rss_before"] > 0 and memory["rss_after"] > 0 and memory["rss_after_trim"] > 0
     assert memory["trim"]["returned_bytes"] >= 0 and memory["trim"]["seconds"] >= 0
-    assert memory["held_bytes"] == survivor["bytes"]     # the leaked model's weights are the only ones in RAM
+    # the leaked model is all that is left; on the stand-in its weights sit on the simulated GPU, not in RAM
+    assert [row["model_id"] for row in after] == [survivor["model_id"]]
+    assert memory["held_bytes"] == sum(n for d, n in after[0]["bytes_by_device"].items() if d.startswith("cpu"))
     cache.clear()
     gc.collect()
     assert module_ref() is None   # neither the receipt nor the search kept the module
