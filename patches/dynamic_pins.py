@@ -1,14 +1,25 @@
-"""Wraps DynamicVRAM's per-layer pin, ``comfy.pinned_memory.pin_memory``, so that it counts against comfy_memx's cap.
+"""Wraps DynamicVRAM's per-layer pins in ``comfy.pinned_memory`` so that they count against comfy_memx's cap.
 
 With DynamicVRAM (comfy-aimdo) weights are pinned layer by layer while a model runs, through
 ``comfy.pinned_memory.pin_memory(module, subset="weights", size=None)``, not through the legacy
-``comfy.model_management.pin_memory``.  Each such pin is asked of the same process-wide budget as the legacy ones
-(``comfy_memx.pins.session``): granted, granted after other models' pins were unregistered or freed most recently used
-first, or refused (the wrapper then returns False, as ComfyUI does when its own budget says no).  What ComfyUI
-really registered is read from the growth of ``TOTAL_PINNED_MEMORY``, so a pin moved between layers of one model
-(ComfyUI's pin stealing) or declined is given back.  Budgeting starts only once the ``pinned_memory`` patch has
-applied the cap to ``comfy.model_management`` (so never on CPU-only machines, and not with
-``COMFY_MEMX_DISABLE=pinned_memory``).  Checked against ComfyUI 0.27.0; 0.3.64 has no ``comfy.pinned_memory``.
+``comfy.model_management.pin_memory``; ``get_pin(module, subset)``, called by ComfyUI's ops for every layer cast,
+registers an existing pin again when an eviction had only unregistered it.  Sites:
+
+* ``pin_memory``: each new pin is asked of the process-wide budget (``comfy_memx.pins``): granted, granted after
+  other models' pins were unregistered or freed most recently used first, or refused (the wrapper then returns
+  False without calling ComfyUI).  A layer that already has a pin in that subset (0.33+ ``module._pins[subset]``,
+  0.27.0 ``module._pin``) never asks for room.
+* ``get_pin``: a re-registration is asked of the budget the same way; refused, the wrapper returns the pin
+  unregistered, as ComfyUI does when ``cudaHostRegister`` fails.  Every other call (no pin, or registered: the
+  per-cast hot path) costs two dict lookups.
+
+What ComfyUI really registered is read from its own per-subset counters after the call, so a pin moved between
+layers of one model (ComfyUI's pin stealing), declined, or made while ComfyUI evicted another model's pins is
+booked exactly.  Budgeting starts only once the ``pinned_memory`` patch has applied the cap to
+``comfy.model_management`` (so never on CPU-only machines, and not with ``COMFY_MEMX_DISABLE=pinned_memory``).
+The disable switch is ComfyUI's own (0.38 ``DISABLE_PINNED_MEMORY``, before ``--disable-pinned-memory``).
+Checked against ComfyUI 0.27.0 and 0.33.0 (real trees, registration faked) and the 0.38 sources; 0.3.64 has no
+``comfy.pinned_memory``.
 Settings: ``COMFY_MEMX_PIN_LIMIT``, ``COMFY_MEMX_PIN_SCOPE``, ``COMFY_MEMX_DISABLE=dynamic_pins``.
 """
 
@@ -16,28 +27,29 @@ import sys
 
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.patching import Patch
-from comfy_memx.pins import session as pinning
+from comfy_memx.pins import api as pins
 
 
 def _call_parts(args, kwargs):
     module = args[0] if args else kwargs["module"]
     subset = args[1] if len(args) > 1 else kwargs.get("subset", "weights")
-    size = args[2] if len(args) > 2 else kwargs.get("size")
-    return module, subset, size
+    return module, subset
 
 
 def _memx_pin_memory(pm, original, switch):
     def pin_memory(*args, **kwargs):
         mm = sys.modules.get("comfy.model_management")
-        if not switch.on or mm is None or not pinning.managing(mm):
+        if not switch.on or mm is None or not pins.managing(mm):
             return original(*args, **kwargs)
-        with pinning.PIN_LOCK:
+        with pins.PIN_LOCK:
             grant = None
             try:
-                grant = pinning.before_module_pin(*_call_parts(args, kwargs))
+                module, subset = _call_parts(args, kwargs)
+                size = args[2] if len(args) > 2 else kwargs.get("size")
+                grant = pins.before_layer_pin(module, subset, size)
             except Exception as exc:
                 internal_error("dynamic pin budget", exc)
-            if grant is pinning.REFUSED:
+            if grant is pins.REFUSED:
                 return False
             if grant is None:
                 return original(*args, **kwargs)
@@ -45,18 +57,53 @@ def _memx_pin_memory(pm, original, switch):
                 return original(*args, **kwargs)
             finally:
                 try:
-                    pinning.after_module_pin(grant)
+                    pins.after_layer_pin(grant)
                 except Exception as exc:
                     internal_error("dynamic pin budget", exc)
     return pin_memory
 
 
+def _memx_get_pin(pm, original, switch):
+    def get_pin(*args, **kwargs):
+        if not switch.on:
+            return original(*args, **kwargs)
+        try:
+            module, subset = _call_parts(args, kwargs)
+            pin, registered = pins.layer_pin(module, subset)
+        except Exception as exc:
+            internal_error("dynamic pin lookup", exc)
+            return original(*args, **kwargs)
+        if pin is None or registered:
+            return original(*args, **kwargs)
+        mm = sys.modules.get("comfy.model_management")
+        if mm is None or not pins.managing(mm):
+            return original(*args, **kwargs)
+        with pins.PIN_LOCK:
+            grant = None
+            try:
+                grant = pins.before_reregister(module, subset)
+            except Exception as exc:
+                internal_error("dynamic pin budget", exc)
+            if grant is pins.REFUSED:
+                return pin
+            if grant is None:
+                return original(*args, **kwargs)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                try:
+                    pins.after_layer_pin(grant)
+                except Exception as exc:
+                    internal_error("dynamic pin budget", exc)
+    return get_pin
+
+
 class DynamicPinsPatch(Patch):
-    """DynamicVRAM's per-layer pin in ``comfy.pinned_memory``, under comfy_memx's budget."""
+    """DynamicVRAM's per-layer pins in ``comfy.pinned_memory``, under comfy_memx's budget."""
 
     name = "dynamic_pins"
     target = "comfy.pinned_memory"
-    sites = {"pin_memory": _memx_pin_memory}
+    sites = {"pin_memory": _memx_pin_memory, "get_pin": _memx_get_pin}
 
 
 PATCH = DynamicPinsPatch()

@@ -20,6 +20,7 @@ from comfy_memx.core.patching import Patch
 from comfy_memx.core.state import STATE
 from comfy_memx.leaks import watch as leakwatch
 from comfy_memx.ledger import accounting
+from comfy_memx.pins import api as pins
 
 
 def _memx_load_models_gpu(mm, original, switch):
@@ -132,6 +133,8 @@ def _memx_model_unload(mm, original, switch):
         seconds = perf_counter() - start
         try:
             _note_unload(self, module_ref, before, result is not False, seconds, sys._getframe(1))
+            if STATE.publish_loads:   # a pin budget runs: an unload may have released pins behind its back
+                pins.settle()
         except Exception as exc:
             internal_error("unload accounting", exc)
         return result

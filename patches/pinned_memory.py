@@ -1,16 +1,21 @@
-"""Wraps ComfyUI's pinned-memory functions in ``comfy.model_management`` so that pins stay within comfy_memx's cap.
+"""Wraps ComfyUI's pinned-memory functions in ``comfy.model_management`` so that pins stay within comfy_memx's cap
+and comfy_memx's books equal ComfyUI's ``TOTAL_PINNED_MEMORY``.
 
 Sites: ``pin_memory`` / ``unpin_memory`` (legacy tensor pinning by ``ModelPatcher.pin_weight_to_device`` /
 ``unpin_weight``: each pin is asked of the budget, evicting other models' pins most recently used first or being
-refused; each unpin is given back), ``ensure_pin_budget`` / ``ensure_pin_registerable`` (ComfyUI's own checks,
-passed through; they keep comfy_memx's view of the current load in step), ``free_pins`` / ``free_registrations``
-(ComfyUI's eviction of DynamicVRAM pins: on 0.27.0 their least-recently-used walk is replaced by a most-recently-
-used one that spares the load in progress; newer releases, which walk MRU first already, are passed through).
+refused; each unpin is booked back; 0.38's ``evict_active`` argument and its False answer pass through),
+``ensure_pin_budget`` / ``ensure_pin_registerable`` (ComfyUI's own checks, passed through; they keep comfy_memx's
+view of the current load in step), ``reset_cast_buffers`` (after every node; the patches pins it destroys are
+booked), ``free_model_pins`` (0.33+: the eviction step of ComfyUI's tiered loops, passed through and booked),
+``free_pins`` / ``free_registrations`` (ComfyUI's eviction of DynamicVRAM pins: on 0.27.0 their least-recently-used
+walk is replaced by a most-recently-used one that spares the load in progress; newer releases, which walk MRU
+first already, are passed through; every release is booked as a ``pin_evict`` event with ``by="comfyui"``).
 :func:`adopt` sets ``MAX_PINNED_MEMORY`` to comfy_memx's cap right after import, only where ComfyUI turned pinning
 on itself (an NVIDIA or AMD GPU and no ``--disable-pinned-memory``; on CPU-only machines it stays -1), and logs
-the cap with its source; ``unpatch`` puts ComfyUI's value back.  Every eviction and refusal is a ``pin_evict`` /
-``pin_refused`` event.  Checked against ComfyUI 0.27.0 (all six sites) and 0.3.64 (no pinning: every site is
-skipped as absent).  The DynamicVRAM pin itself is ``comfy_memx.patches.dynamic_pins``.
+the cap with its source; ``unpatch`` puts ComfyUI's value back.  Checked against ComfyUI 0.27.0 and 0.33.0 (real
+trees, with the registration call faked: tests/test_real_pins.py), the 0.38 sources (pin_memory's new argument and
+return, the fast subsets), and 0.3.64 (no pinning: every site is skipped as absent).  The DynamicVRAM pin itself is
+``comfy_memx.patches.dynamic_pins``.
 Settings: ``COMFY_MEMX_PIN_LIMIT`` (auto, off, a size or a percentage of RAM), ``COMFY_MEMX_PIN_SCOPE``
 (process or host), ``COMFY_MEMX_DISABLE=pinned_memory``.
 """
@@ -20,23 +25,24 @@ import sys
 
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.patching import Patch
-from comfy_memx.pins import session as pinning
+from comfy_memx.pins import api as pins
 
 log = logging.getLogger("comfy_memx")
 
 
 def _memx_pin_memory(mm, original, switch):
     def pin_memory(*args, **kwargs):
-        if not switch.on or not pinning.managing(mm):
+        if not switch.on or not pins.managing(mm):
             return original(*args, **kwargs)
-        with pinning.PIN_LOCK:
+        with pins.PIN_LOCK:
             grant = None
             try:
                 tensor = args[0] if args else kwargs["tensor"]
-                grant = pinning.before_tensor_pin(tensor, sys._getframe(1))
+                evict_active = args[1] if len(args) > 1 else kwargs.get("evict_active", True)
+                grant = pins.before_tensor_pin(tensor, sys._getframe(1), evict_active)
             except Exception as exc:
                 internal_error("pin budget", exc)
-            if grant is pinning.REFUSED:
+            if grant is pins.REFUSED:
                 return False
             if grant is None:
                 return original(*args, **kwargs)
@@ -46,7 +52,7 @@ def _memx_pin_memory(mm, original, switch):
                 return pinned
             finally:
                 try:
-                    pinning.after_tensor_pin(grant, pinned)
+                    pins.after_tensor_pin(grant, pinned)
                 except Exception as exc:
                     internal_error("pin budget", exc)
     return pin_memory
@@ -54,17 +60,17 @@ def _memx_pin_memory(mm, original, switch):
 
 def _memx_unpin_memory(mm, original, switch):
     def unpin_memory(*args, **kwargs):
-        if not switch.on or not pinning.managing(mm):
+        if not switch.on or not pins.managing(mm):
             return original(*args, **kwargs)
         known = None
         try:
-            known = pinning.before_tensor_unpin(args[0] if args else kwargs["tensor"])
+            known = pins.before_tensor_unpin(args[0] if args else kwargs["tensor"])
         except Exception as exc:
             internal_error("pin budget", exc)
         result = original(*args, **kwargs)
         if known is not None:
             try:
-                pinning.after_tensor_unpin(known, result)
+                pins.after_tensor_unpin(known, result)
             except Exception as exc:
                 internal_error("pin budget", exc)
         return result
@@ -73,9 +79,9 @@ def _memx_unpin_memory(mm, original, switch):
 
 def _memx_pin_check(mm, original, switch):
     def pin_check(*args, **kwargs):
-        if switch.on and pinning.managing(mm):
+        if switch.on and pins.managing(mm):
             try:
-                pinning.note_pin_check()
+                pins.note_pin_check()
             except Exception as exc:
                 internal_error("pin load tracking", exc)
         return original(*args, **kwargs)
@@ -92,34 +98,72 @@ def _arguments(args, kwargs, names, defaults):
     return [values.get(name, defaults.get(name)) for name in names]
 
 
+def _booked(original, reason, call_args, call_kwargs):
+    """Run one of ComfyUI's eviction functions unchanged, then book what it released."""
+    try:
+        return original(*call_args, **call_kwargs)
+    finally:
+        try:
+            pins.after_comfyui_eviction(reason)
+        except Exception as exc:
+            internal_error("pin eviction bookkeeping", exc)
+
+
 def _memx_free_registrations(mm, original, switch):
     def free_registrations(*args, **kwargs):
+        if not switch.on or not pins.managing(mm):
+            return original(*args, **kwargs)
         call = None
-        if switch.on and pinning.reorders_eviction(mm):
+        if pins.reorders_eviction(mm):
             call = _arguments(args, kwargs, ("shortfall", "evict_active"), {"evict_active": True})
         if call is None:
-            return original(*args, **kwargs)
+            return _booked(original, "cap", args, kwargs)
         try:
-            return pinning.free_registrations_mru(mm, *call)
+            return pins.free_registrations_mru(mm, *call)
         except Exception as exc:
             internal_error("MRU free_registrations", exc)
-            return original(*args, **kwargs)
+            return _booked(original, "cap", args, kwargs)
     return free_registrations
 
 
 def _memx_free_pins(mm, original, switch):
     def free_pins(*args, **kwargs):
+        if not switch.on or not pins.managing(mm):
+            return original(*args, **kwargs)
         call = None
-        if switch.on and pinning.reorders_eviction(mm):
+        if pins.reorders_eviction(mm):
             call = _arguments(args, kwargs, ("size", "evict_active"), {"evict_active": False})
         if call is None:
-            return original(*args, **kwargs)
+            return _booked(original, "ram_pressure", args, kwargs)
         try:
-            return pinning.free_pins_mru(mm, *call)
+            return pins.free_pins_mru(mm, *call)
         except Exception as exc:
             internal_error("MRU free_pins", exc)
-            return original(*args, **kwargs)
+            return _booked(original, "ram_pressure", args, kwargs)
     return free_pins
+
+
+def _memx_free_model_pins(mm, original, switch):
+    def free_model_pins(*args, **kwargs):
+        if not switch.on or not pins.managing(mm):
+            return original(*args, **kwargs)
+        registrations = kwargs.get("registrations", args[4] if len(args) > 4 else False)
+        return _booked(original, "cap" if registrations else "ram_pressure", args, kwargs)
+    return free_model_pins
+
+
+def _memx_reset_cast_buffers(mm, original, switch):
+    def reset_cast_buffers(*args, **kwargs):
+        if not switch.on or not pins.managing(mm):
+            return original(*args, **kwargs)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            try:
+                pins.after_node_reset()
+            except Exception as exc:
+                internal_error("pin bookkeeping after a node", exc)
+    return reset_cast_buffers
 
 
 class PinnedMemoryPatch(Patch):
@@ -127,20 +171,23 @@ class PinnedMemoryPatch(Patch):
 
     name = "pinned_memory"
     target = "comfy.model_management"
+    # Order matters for the startup line only: it names the skipped sites in this order.
     sites = {
         "pin_memory": _memx_pin_memory,
         "unpin_memory": _memx_unpin_memory,
         "ensure_pin_budget": _memx_pin_check,
         "ensure_pin_registerable": _memx_pin_check,
+        "reset_cast_buffers": _memx_reset_cast_buffers,
+        "free_model_pins": _memx_free_model_pins,
         "free_pins": _memx_free_pins,
         "free_registrations": _memx_free_registrations,
     }
 
     def before_unpatch(self, module):
         """Put ComfyUI's own ``MAX_PINNED_MEMORY`` back and stop budgeting pins."""
-        if pinning.started_for(module):
-            module.MAX_PINNED_MEMORY = pinning.comfyui_max()
-            pinning.stop()
+        if pins.started_for(module):
+            module.MAX_PINNED_MEMORY = pins.comfyui_max()
+            pins.stop()
 
     def adopt(self, module):
         """Right after import: put comfy_memx's cap into ``MAX_PINNED_MEMORY`` where ComfyUI enabled pinning, and
@@ -150,15 +197,15 @@ class PinnedMemoryPatch(Patch):
         ``--disable-pinned-memory``) or has no pinning at all (0.3.64).  ``COMFY_MEMX_PIN_LIMIT=off`` sets it to 0.
         """
         comfyui_value = getattr(module, "MAX_PINNED_MEMORY", None)
-        if comfyui_value is None or pinning.started_for(module):
+        if comfyui_value is None or pins.started_for(module):
             return
         if comfyui_value <= 0:
             log.debug("comfy_memx: pinned memory stays off (ComfyUI did not enable it: no NVIDIA/AMD GPU, or "
                       "--disable-pinned-memory)")
             return
-        cap = pinning.start(module)
+        cap = pins.start(module)
         module.MAX_PINNED_MEMORY = cap.bytes
-        log.info(pinning.startup_line())
+        log.info(pins.startup_line())
 
 
 PATCH = PinnedMemoryPatch()

@@ -208,3 +208,18 @@ def test_real_host_probe_is_consistent():
     host = hostmem.probe_host()
     assert 0 < host.ram_available <= host.ram_total <= host.ram_physical
     assert 0 < hostmem.available_ram(host) <= host.ram_total
+
+
+def test_ram_gauge_reuses_a_reading_and_counts_grants_against_it(monkeypatch):
+    readings = iter([10 * GIB, 7 * GIB])
+    clock = [100.0]
+    monkeypatch.setattr(hostmem.time, "monotonic", lambda: clock[0])
+    gauge = hostmem.RamGauge(lambda: next(readings), max_age=1.0)
+    assert gauge() == 10 * GIB
+    gauge.note_granted(3 * GIB)
+    clock[0] += 0.5                      # within max_age: the reading is reused, minus what was granted since
+    assert gauge() == 7 * GIB
+    clock[0] += 1.0                      # stale: read again, and the grants are in the new reading
+    assert gauge() == 7 * GIB
+    gauge.note_granted(GIB)
+    assert gauge() == 6 * GIB

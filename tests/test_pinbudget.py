@@ -18,7 +18,9 @@ from comfy_memx.core.state import STATE
 from comfy_memx.core import errors
 from comfy_memx.pins import budget as pinbudget
 from comfy_memx.core.errors import ConfigError
-from comfy_memx.pins.budget import HostRegistry, PinBudget
+from comfy_memx.pins import hostshare
+from comfy_memx.pins.budget import PinBudget
+from comfy_memx.pins.hostshare import HostRegistry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -174,33 +176,55 @@ def test_bad_policy_or_scope_fails_fast():
 
 
 def test_concurrent_pins_and_unpins_keep_the_books_straight():
-    cap = 10_000
+    """Six threads pin, evict and unpin at once.  Before their random phase they meet twice at a barrier, so that
+    the run always contains the two contended situations the books must survive, whatever the scheduler does:
+    every thread inside its own load at the same moment (each load protects what it pins, so the cap cannot hold
+    all six requests: exactly two are refused), and those grants evicting the unprotected pins made just before."""
+    cap, threads_n = 10_000, 6
     budget = PinBudget(cap)
     physical = {}
     lock = threading.Lock()  # guards ``physical``, the stand-in for the real pins
-    over_cap, errors = [], []
+    barrier = threading.Barrier(threads_n, timeout=30)
+    over_cap, errors, contended = [], [], []
+
+    def pin(model, decision):
+        """Carry a granted decision out on ``physical`` as a caller must: evictions first, then the pin."""
+        with lock:
+            for victim, size in decision.evict:
+                freed = min(size, physical.get(victim, 0))
+                physical[victim] = physical.get(victim, 0) - freed
+                budget.release(victim, freed)
+                if freed < size:
+                    budget.cancel_eviction(victim, size - freed)
+            physical[model] = physical.get(model, 0) + decision.nbytes
+            if sum(physical.values()) > cap:
+                over_cap.append(sum(physical.values()))
 
     def worker(seed):
         rng = random.Random(seed)
         models = ["m%d-%d" % (seed, i) for i in range(3)]
         try:
+            # 1. Six unprotected 1000-byte pins, outside any load: 6000 of the 10000 bytes.
+            barrier.wait()
+            pin("warm-%d" % seed, budget.request("warm-%d" % seed, 1000))
+            barrier.wait()
+            # 2. All six threads inside their loads at once, each asking 2500 bytes: four grants fill the cap by
+            # evicting the warm pins (never a protected grant), the last two find nothing evictable.
+            with budget.load(["big-%d" % seed]):
+                barrier.wait()
+                decision = budget.request("big-%d" % seed, 2500)
+                contended.append(decision.granted)
+                if decision.granted:
+                    pin("big-%d" % seed, decision)
+                barrier.wait()
+            # 3. Free-running random pins and unpins, loads overlapping as the scheduler pleases.
             for _ in range(1500):
                 model = rng.choice(models)
                 if rng.random() < 0.6:
                     with budget.load([model]):
                         decision = budget.request(model, rng.randint(1, 1500))
-                        if decision.refused:
-                            continue
-                        with lock:
-                            for victim, size in decision.evict:
-                                freed = min(size, physical.get(victim, 0))
-                                physical[victim] = physical.get(victim, 0) - freed
-                                budget.release(victim, freed)
-                                if freed < size:
-                                    budget.cancel_eviction(victim, size - freed)
-                            physical[model] = physical.get(model, 0) + decision.nbytes
-                            if sum(physical.values()) > cap:
-                                over_cap.append(sum(physical.values()))
+                        if decision.granted:
+                            pin(model, decision)
                 else:
                     with lock:
                         freed = rng.randint(0, physical.get(model, 0))
@@ -208,8 +232,9 @@ def test_concurrent_pins_and_unpins_keep_the_books_straight():
                         budget.release(model, freed)
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)
+            barrier.abort()
 
-    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(6)]
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(threads_n)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -219,7 +244,9 @@ def test_concurrent_pins_and_unpins_keep_the_books_straight():
     stats = budget.stats()
     assert stats["per_model"] == {m: b for m, b in physical.items() if b > 0}
     assert stats["pending_evict_bytes"] == 0 and stats["peak_committed_bytes"] <= cap
-    assert stats["evictions"] > 0 and stats["refusals"] > 0 and stats["grants"] > 100
+    assert stats["evictions"] > 0 and stats["refusals"] >= 2 and stats["grants"] > 100
+    assert sorted(contended) == [False, False, True, True, True, True]
+    assert all(physical.get("warm-%d" % seed, 0) == 0 for seed in range(threads_n))  # all evicted in step 2
 
 
 # -- host scope ------------------------------------------------------------------------------------------------------
@@ -269,14 +296,15 @@ def test_registry_owned_by_another_user_is_refused(tmp_path):
 
 def test_default_registry_path_prefers_the_runtime_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    assert pinbudget.default_registry_path() == str(tmp_path / "comfy_memx-pins.json")
+    assert hostshare.default_registry_path() == str(tmp_path / "comfy_memx-pins.json")
     monkeypatch.delenv("XDG_RUNTIME_DIR")
-    assert str(os.getuid()) in os.path.basename(pinbudget.default_registry_path())
+    assert str(os.getuid()) in os.path.basename(hostshare.default_registry_path())
 
 
 WORKER = textwrap.dedent("""
     import json, sys
-    from comfy_memx.pins.budget import HostRegistry, PinBudget
+    from comfy_memx.pins.budget import PinBudget
+    from comfy_memx.pins.hostshare import HostRegistry
     budget = PinBudget(int(sys.argv[2]), scope="host", registry=HostRegistry(sys.argv[1]), host_chunk_bytes=10)
     print("ready", flush=True)
     for line in sys.stdin:
@@ -357,3 +385,38 @@ def test_host_scope_evicts_only_its_own_pins(tmp_path):
         assert HostRegistry(path).entries() == {other.process.pid: 50}
     finally:
         other.close()
+
+
+PEER = textwrap.dedent("""
+    import sys, time
+    from comfy_memx.pins.hostshare import HostRegistry
+    HostRegistry(sys.argv[1]).publish(5, device="cuda:0", port=8188)
+    print("ready", flush=True)
+    time.sleep(60)
+""")
+
+
+def test_host_registry_lists_live_peers_with_what_they_publish(tmp_path):
+    path = str(tmp_path / "pins.json")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    peer = subprocess.Popen([sys.executable, "-c", PEER, path], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert peer.stdout.readline().strip() == "ready"
+        registry = HostRegistry(path)
+        assert registry.peers() == {peer.pid: hostshare.Peer(peer.pid, 5, {"device": "cuda:0", "port": 8188})}
+        mine = registry.publish(state="idle")
+        assert mine == hostshare.Peer(os.getpid(), 0, {"state": "idle"})
+        # The pin budget rewrites bytes under the same lock; what peers published stays.
+        budget = PinBudget(100, scope="host", registry=registry, host_chunk_bytes=10)
+        assert budget.request("a", 30).granted
+        assert registry.peers(include_self=True)[os.getpid()] == hostshare.Peer(os.getpid(), 30, {"state": "idle"})
+        assert registry.publish(state=None).data == {}
+        registry.withdraw()
+        assert os.getpid() not in registry.peers(include_self=True)
+        peer.kill()
+        peer.wait()
+        assert registry.peers(include_self=True) == {}
+    finally:
+        if peer.poll() is None:
+            peer.kill()
+        peer.wait()

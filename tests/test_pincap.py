@@ -9,6 +9,11 @@ from comfy_memx.pins import cap as pincap
 from comfy_memx.core.errors import ConfigError
 
 GIB = 1024 ** 3
+# Expected caps, worked out by hand from the rule max(0.4 RAM, min(0.9 RAM, RAM - 4 GiB, RAM + disk swap - 16 GiB)):
+CAP_64_NO_SWAP = 51539607552        # 64 GiB RAM: 64 - 16 = 48 GiB
+CAP_64_SWAP_32 = 61847529062        # 64 GiB RAM + 32 GiB swap: 0.9 x 64 GiB = 57.6 GiB (floor)
+CAP_24_NO_SWAP = 10307921510        # 24 GiB: 0.4 x 24 GiB = 9.6 GiB (floor)
+CAP_16_NO_SWAP = 6871947673         # 16 GiB: 0.4 x 16 GiB = 6.4 GiB (floor)
 
 
 def host(ram_gib, swap_gib=0, zram_gib=0, platform="linux", limit=None, physical_gib=None):
@@ -24,12 +29,12 @@ def test_auto_cap_examples_from_the_issue(ram, swap, expected_gib):
 
 
 def test_zram_does_not_raise_the_cap():
-    assert pincap.auto_cap(host(64, zram_gib=32)) == pincap.auto_cap(host(64))
+    assert pincap.auto_cap(host(64, zram_gib=32)) == CAP_64_NO_SWAP
 
 
 def test_swap_is_ignored_under_a_cgroup_limit():
     limited = host(64, swap_gib=32, limit=64 * GIB, physical_gib=128)
-    assert pincap.auto_cap(limited) == pincap.auto_cap(host(64))
+    assert pincap.auto_cap(limited) == CAP_64_NO_SWAP
 
 
 def test_windows_gets_forty_percent_whatever_the_swap():
@@ -46,8 +51,8 @@ def test_cap_from_a_probed_container(tmp_path):
     (tmp_path / "cg" / "ctr").mkdir(parents=True)
     (tmp_path / "cg" / "ctr" / "memory.max").write_text(str(24 * GIB))
     probed = hostmem.probe_host(str(tmp_path / "proc"), str(tmp_path / "cg"), platform="linux")
-    assert pincap.resolve_cap(probed, None) == pincap.PinCap(pincap.auto_cap(host(24)), "auto")
-    assert pincap.auto_cap(probed) == pytest.approx(9.6 * GIB, abs=1)
+    assert pincap.resolve_cap(probed, None) == pincap.PinCap(CAP_24_NO_SWAP, "auto")
+    assert probed.ram_total == 24 * GIB and probed.swap_disk == 0  # the limit wins, and swap stops counting
 
 
 @pytest.mark.parametrize("version", ["0.3.64", "0.3.10", None, "not a version"])
@@ -63,8 +68,10 @@ def test_comfyui_0270_uses_ninety_percent_of_physical_ram_ignoring_swap_and_cgro
 
 
 def test_comfyui_after_0270_uses_the_swap_aware_rule():
-    for h in (host(64), host(64, 32), host(24), host(16, limit=16 * GIB, physical_gib=32)):
-        assert pincap.comfyui_cap(h, "0.28.0") == pincap.auto_cap(h)
+    cases = [(host(64), CAP_64_NO_SWAP), (host(64, 32), CAP_64_SWAP_32), (host(24), CAP_24_NO_SWAP),
+             (host(16, limit=16 * GIB, physical_gib=32), CAP_16_NO_SWAP)]
+    for h, expected in cases:
+        assert pincap.comfyui_cap(h, "0.28.0") == expected
 
 
 @pytest.mark.parametrize("text, expected", [

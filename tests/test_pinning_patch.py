@@ -1,4 +1,6 @@
-"""The pinned-memory patches on the ComfyUI stand-ins: cap, MRU eviction, no churn, RAM pressure, threads, events.
+"""The pinned-memory patches on the ComfyUI stand-ins: cap, MRU eviction, no churn, RAM pressure, threads, events,
+and (with ``fake_comfy.v0_38_pins``) the 0.33+/0.38 shapes: per-subset pins, fast subsets, tiered eviction, the new
+``pin_memory`` answer and disable switch.  ComfyUI's own pin code is exercised in tests/test_real_pins.py.
 
 The 0.27.0 stand-in pins through a simulated CUDA registration backend (``HOST_REGISTER``); models are tiny (a few
 MiB of 1 MiB tensors) and caps are set in MiB with ``COMFY_MEMX_PIN_LIMIT``.  In the NO_VRAM state the stand-in
@@ -19,8 +21,9 @@ import pytest
 
 from comfy_memx.pins import host as hostmem
 from comfy_memx.pins import cap as pincap
+from comfy_memx.pins import owners
 from comfy_memx.pins import session as pinning
-from comfy_memx.core import registry
+from comfy_memx.core import errors, registry
 from comfy_memx.core.state import STATE
 from comfy_memx.core import wrapping
 from comfy_memx.core.bootstrap import bootstrap
@@ -28,8 +31,9 @@ from fake_comfy.loader import make_patcher, purge_fake_comfy, shape_root
 from memx_helpers import memx_on, read_events
 
 MiB = 1024 ** 2
-SITES = ["pin_memory", "unpin_memory", "ensure_pin_budget", "ensure_pin_registerable", "free_pins",
-         "free_registrations"]
+SITES = ["pin_memory", "unpin_memory", "ensure_pin_budget", "ensure_pin_registerable", "reset_cast_buffers",
+         "free_model_pins", "free_pins", "free_registrations"]
+SITES_0270 = [site for site in SITES if site != "free_model_pins"]  # free_model_pins is new in 0.33.0
 
 
 def checked_register(mm, cap):
@@ -106,19 +110,36 @@ def test_limit_replaces_comfyui_cap_after_import_and_is_logged(caplog):
     assert mm.MAX_PINNED_MEMORY == comfyui_value  # unpatched on exit: ComfyUI's value is back
 
 
-def test_auto_cap_is_the_swap_aware_rule_on_this_host(caplog):
+FAKE_GIB = 1024 ** 3
+
+
+def fake_host(ram_gib=64, swap_gib=0, limit_gib=None):
+    """A host reading with round figures, so that the expected caps can be written down."""
+    ram = (limit_gib or ram_gib) * FAKE_GIB
+    return hostmem.HostMemory(ram_total=ram, ram_available=ram // 2, swap_disk=0 if limit_gib else swap_gib * FAKE_GIB,
+                              swap_zram=0, cgroup_limit=limit_gib * FAKE_GIB if limit_gib else None,
+                              platform="linux", ram_physical=ram_gib * FAKE_GIB)
+
+
+@pytest.mark.parametrize("ram, swap, limit, expected", [
+    (64, 0, None, 51539607552),      # 64 GiB - 16 GiB = 48 GiB
+    (64, 32, None, 61847529062),     # 0.9 x 64 GiB (57.6 GiB) is the smallest of the three
+    (64, 32, 24, 10307921510),       # a 24 GiB cgroup limit: swap stops counting, 0.4 x 24 GiB = 9.6 GiB
+])
+def test_auto_cap_is_the_swap_aware_rule(ram, swap, limit, expected, monkeypatch, caplog):
     caplog.set_level(logging.INFO, logger="comfy_memx")
+    monkeypatch.setattr(hostmem, "probe_host", lambda *a, **k: fake_host(ram, swap, limit))
     with memx_on("0.27.0") as mm:
-        host = hostmem.probe_host()
-        assert mm.MAX_PINNED_MEMORY == pincap.auto_cap(host) == pinning.cap().bytes
+        assert mm.MAX_PINNED_MEMORY == expected and pinning.cap().bytes == expected
         assert pinning.cap().source == "auto"
         line = [r.getMessage() for r in caplog.records if "pinned-memory cap" in r.getMessage()][0]
-        assert "(auto: %.1f GiB RAM, " % (host.ram_total / 1024 ** 3) in line and "ComfyUI 0.27.0 would use" in line
+        assert "(auto: %.1f GiB RAM, " % (limit or ram) in line and "ComfyUI 0.27.0 would use" in line
 
 
-def test_limit_above_ram_is_clamped_with_a_warning(caplog):
+def test_limit_above_ram_is_clamped_with_a_warning(caplog, monkeypatch):
+    monkeypatch.setattr(hostmem, "probe_host", lambda *a, **k: fake_host(64))
     with memx_on("0.27.0", pin_limit="1000TiB") as mm:
-        assert mm.MAX_PINNED_MEMORY == hostmem.probe_host().ram_total
+        assert mm.MAX_PINNED_MEMORY == 68719476736
         assert any(r.levelno == logging.WARNING and "clamped to RAM" in r.getMessage() for r in caplog.records)
 
 
@@ -157,28 +178,36 @@ def test_patch_contract_on_0270():
     with memx_on("0.27.0", pin_limit="12MiB") as mm:
         import comfy.pinned_memory as pm
         patches = registry.patch_of("pinned_memory")
-        originals = {site: wrapping.original_of(mm, site) for site in SITES}
-        wrappers = {site: getattr(mm, site) for site in SITES}
-        assert all(wrappers[site] is not originals[site] for site in SITES)
-        assert set(patches.patch(mm).values()) == {"already patched"}
-        assert {site: getattr(mm, site) for site in SITES} == wrappers
+        status = {row["site"]: row for row in registry.site_status() if row["patch"] == "pinned_memory"}
+        assert status["free_model_pins"]["state"] == "skipped"
+        assert status["free_model_pins"]["reason"] == "absent in this ComfyUI"
+        originals = {site: wrapping.original_of(mm, site) for site in SITES_0270}
+        wrappers = {site: getattr(mm, site) for site in SITES_0270}
+        assert all(wrappers[site] is not originals[site] for site in SITES_0270)
+        again = patches.patch(mm)
+        assert isinstance(again.pop("free_model_pins"), errors.PatchSkipped)
+        assert set(again.values()) == {"already patched"}
+        assert {site: getattr(mm, site) for site in SITES_0270} == wrappers
         comfyui_value = pinning.comfyui_max()
         patches.unpatch(mm)
-        assert all(getattr(mm, site) is originals[site] for site in SITES)
+        assert all(getattr(mm, site) is originals[site] for site in SITES_0270)
         assert mm.MAX_PINNED_MEMORY == comfyui_value and not pinning.managing()
         assert set(patches.unpatch(mm).values()) == {"not patched"}
         patches.patch(mm)
         patches.adopt(mm)
-        assert all(getattr(mm, site).__wrapped__ is originals[site] for site in SITES)
+        assert all(getattr(mm, site).__wrapped__ is originals[site] for site in SITES_0270)
         assert mm.MAX_PINNED_MEMORY == 12 * MiB and pinning.managing(mm)
 
         dynamic = registry.patch_of("dynamic_pins")
-        original_pin = wrapping.original_of(pm, "pin_memory")
-        assert pm.pin_memory is not original_pin and pm.pin_memory.__wrapped__ is original_pin
+        for site in ("pin_memory", "get_pin"):
+            original = wrapping.original_of(pm, site)
+            assert getattr(pm, site) is not original and getattr(pm, site).__wrapped__ is original
+        originals = {site: wrapping.original_of(pm, site) for site in ("pin_memory", "get_pin")}
         dynamic.unpatch(pm)
-        assert pm.pin_memory is original_pin
+        assert pm.pin_memory is originals["pin_memory"] and pm.get_pin is originals["get_pin"]
         dynamic.patch(pm)
-        assert pm.pin_memory.__wrapped__ is original_pin
+        assert pm.pin_memory.__wrapped__ is originals["pin_memory"]
+        assert pm.get_pin.__wrapped__ is originals["get_pin"]
 
 
 # --- budget, MRU order, churn ------------------------------------------------------------------------------------
@@ -267,7 +296,7 @@ def test_ram_pressure_makes_room_first_or_refuses(tmp_path, monkeypatch):
     events = tmp_path / "events.jsonl"
     headroom = 8 * MiB
     with memx_on("0.27.0", pin_limit="64MiB", events=events) as mm:
-        monkeypatch.setattr(pinning, "RAM_READING_MAX_AGE", 0.0)
+        monkeypatch.setattr(hostmem, "RAM_READING_MAX_AGE", 0.0)
         base = [headroom + 6 * MiB]
         pinning.start(mm, available_ram=lambda: base[0] - sum(mm.HOST_REGISTER.registered.values()),
                       headroom_bytes=headroom)
@@ -421,7 +450,7 @@ def test_comfyui_eviction_walks_most_recently_used_first(monkeypatch):
         monkeypatch.setattr(mm, "current_loaded_models",
                             [types.SimpleNamespace(model=patchers[n]) for n in ("d", "c", "b", "a")])
         for name in ("a", "b", "c", "d"):
-            pinning.budget().touch(pinning._patcher_model_id(patchers[name]))
+            pinning.budget().touch(owners.patcher_model_id(patchers[name]))
         monkeypatch.setattr(mm, "REGISTERABLE_PIN_HYSTERESIS", 0)
         assert mm.free_registrations(6 * MiB) is True
         assert calls == [("unregister", "d", 4 * MiB), ("unregister", "b", 2 * MiB)]
@@ -445,7 +474,7 @@ def test_host_scope_shares_the_cap_through_the_registry(tmp_path, monkeypatch):
         assert pinning.budget().scope == "host"
         entries = pinning.budget()._registry.entries()
         assert entries.get(os.getpid(), 0) >= 4 * MiB
-    from comfy_memx.pins.budget import HostRegistry
+    from comfy_memx.pins.hostshare import HostRegistry
     assert os.getpid() not in HostRegistry(str(tmp_path / "comfy_memx-pins.json")).entries()
 
 
@@ -469,13 +498,13 @@ def test_a_dead_model_leaves_the_budget():
 
 def test_doctor_reports_host_memory_and_both_caps(monkeypatch, capsys):
     from comfy_memx.cli import doctor
-    host = hostmem.probe_host()
+    monkeypatch.setattr(hostmem, "probe_host", lambda *a, **k: fake_host(64, swap_gib=8))
     report = doctor.collect(shape_root("0.27.0"), environ={"COMFY_MEMX_PIN_LIMIT": "30%"})
-    assert report["ram_bytes"] == host.ram_total and report["swap_disk_bytes"] == host.swap_disk
-    assert report["swap_zram_bytes"] == host.swap_zram and report["cgroup_limit_bytes"] == host.cgroup_limit
-    assert report["pin_cap_bytes"] == int(host.ram_total * 0.3)
+    assert report["ram_bytes"] == 68719476736 and report["swap_disk_bytes"] == 8589934592
+    assert report["swap_zram_bytes"] == 0 and report["cgroup_limit_bytes"] is None
+    assert report["pin_cap_bytes"] == 20615843020          # 30 % of 64 GiB
     assert report["pin_cap_source"] == "COMFY_MEMX_PIN_LIMIT"
-    assert report["comfyui_pin_cap_bytes"] == pincap.comfyui_cap(host, "0.27.0") > 0
+    assert report["comfyui_pin_cap_bytes"] == 61847529062  # ComfyUI 0.27.0: 90 % of physical RAM
     assert doctor.collect(shape_root("0.3.64"), environ={})["comfyui_pin_cap_bytes"] is None
     assert doctor.collect(environ={})["pin_cap_source"] == "auto"
     monkeypatch.setenv("COMFY_MEMX_PIN_LIMIT", "twelve")
@@ -513,3 +542,204 @@ def test_a_load_stops_protecting_its_models_when_it_returns():
         key = next(k for k, _ in later.model.named_parameters())
         run_threads([lambda: later.pin_weight_to_device(key)])  # another thread, outside any load
         assert pinned_bytes(mm, later) == MiB and pinned_bytes(mm, loaded) == 3 * MiB
+
+
+# --- ComfyUI 0.33+/0.38 shapes: per-subset pins, fast subsets, tiered eviction, the new pin_memory answer --------
+
+@contextlib.contextmanager
+def comfy_038(limit, events=None):
+    """The 0.27.0 stand-in with the 0.38-shaped pin layer of ``fake_comfy.v0_38_pins``, then comfy_memx started as
+    a late activation (it patches what is already imported).  Yields (model_management, pinned_memory)."""
+    from fake_comfy import v0_38_pins
+    from fake_comfy.loader import use_fake_comfy
+    STATE.reset()
+    mm = use_fake_comfy("0.27.0")
+    import comfy.pinned_memory as pm
+    mm.SIM_RAM_AVAILABLE = 100 * 1024 ** 3
+    v0_38_pins.install(mm, pm)
+    environ = {"COMFY_MEMX_PIN_LIMIT": limit, "COMFY_MEMX_RAISE_INTERNAL": "1"}
+    if events is not None:
+        environ["COMFY_MEMX_EVENTS"] = str(events)
+    bootstrap("api", environ)
+    try:
+        yield mm, pm
+    finally:
+        registry.remove_all()
+        purge_fake_comfy()
+
+
+def dynamic(mm, layers=4):
+    from fake_comfy import v0_38_pins
+    return v0_38_pins.DynamicPatcher(mm, layers=layers)   # 4 layers of 256 KiB
+
+
+def registered(patcher, subset=None):
+    """Bytes of ``patcher``'s pins really registered (per the stand-in's registration backend)."""
+    regs = patcher.mm.HOST_REGISTER.registered
+    return sum(entry["pin"].nbytes for layer in patcher.layers()
+               for name, entry in layer.__dict__.get("_pins", {}).items()
+               if (subset is None or name == subset) and "pin" in entry and entry["pin"].data_ptr() in regs)
+
+
+def books(mm):
+    """(comfy_memx's settled total, its unsettled total, ComfyUI's TOTAL_PINNED_MEMORY)."""
+    state = pinning.current()
+    raw = state.budget.totals()[0] - state.budget.totals()[1]
+    return pinning.budget().stats()["pinned_bytes"], raw, mm.TOTAL_PINNED_MEMORY
+
+
+def test_038_layers_pinned_per_subset_never_ask_twice():
+    with comfy_038("3MiB") as (mm, pm):
+        from fake_comfy.v0_38_pins import loaded
+        p = dynamic(mm)
+        loaded(mm, p)
+        assert [pm.pin_memory(layer) for layer in p.layers()] == [True] * 4
+        assert pm.pin_memory(p.layers()[0], subset="weights-fast") is True
+        grants = pinning.current().budget.stats()["grants"]
+        assert [pm.pin_memory(layer) for layer in p.layers()] == [None] * 4    # already pinned: no request
+        assert pinning.current().budget.stats()["grants"] == grants
+        assert books(mm) == (int(1.25 * MiB),) * 3
+        assert pinning.budget().pinned(model_id(p)) == registered(p) == int(1.25 * MiB)
+
+
+def test_038_evictions_destroy_fast_subsets_first():
+    with comfy_038("2MiB") as (mm, pm):
+        from fake_comfy.v0_38_pins import loaded
+        p, q = dynamic(mm), dynamic(mm)
+        loaded(mm, q, p)
+        for layer in p.layers():
+            pm.pin_memory(layer)
+        for layer in p.layers()[:2]:
+            pm.pin_memory(layer, subset="weights-fast")
+        assert registered(p) == int(1.5 * MiB)
+        assert [pm.pin_memory(layer) for layer in q.layers()] == [True] * 4   # 0.5 MiB of room made in P
+        assert registered(p, "weights-fast") == 0 and registered(p, "weights") == MiB
+        assert all("pin" not in layer._pins["weights-fast"] for layer in p.layers()[:2])  # destroyed, not kept
+        assert books(mm) == (2 * MiB,) * 3 and sum(mm.HOST_REGISTER.registered.values()) == 2 * MiB
+
+
+def test_038_comfyui_tiered_eviction_is_booked_with_events(tmp_path):
+    events = tmp_path / "events.jsonl"
+    with comfy_038("8MiB", events=events) as (mm, pm):
+        from fake_comfy.v0_38_pins import loaded
+        p, q = dynamic(mm), dynamic(mm)
+        loaded(mm, q, p)
+        for patcher in (p, q):
+            for layer in patcher.layers():
+                pm.pin_memory(layer)
+            patcher.state()["active"] = False
+        pm.pin_memory(p.layers()[0], subset="weights-fast")
+        # ComfyUI's tiers: the fast subsets first (P's 256 KiB), then the plain pins of the model loaded most
+        # recently (Q: 768 KiB of it).
+        assert mm.free_pins(MiB) == MiB
+        assert registered(p) == MiB and registered(q) == 256 * 1024
+        assert books(mm) == (int(1.25 * MiB),) * 3
+        evicted = [(e["model_id"], e["bytes"], e["reason"], e["by"]) for e in pin_events(events, "pin_evict")]
+        assert sorted(evicted) == sorted([(model_id(p), 256 * 1024, "ram_pressure", "comfyui"),
+                                          (model_id(q), 768 * 1024, "ram_pressure", "comfyui")])
+        assert mm.free_registrations(1) is True       # with its 2 GiB hysteresis it unregisters everything
+        assert registered(p) == registered(q) == 0 and books(mm) == (0, 0, 0)
+        assert [e["reason"] for e in pin_events(events, "pin_evict")][-1] == "cap"
+
+
+def test_038_node_end_drops_every_patches_subset():
+    with comfy_038("8MiB") as (mm, pm):
+        from fake_comfy.v0_38_pins import loaded
+        p = dynamic(mm)
+        loaded(mm, p)
+        for layer, subset in zip(p.layers(), ("weights", "patches", "patches-loaded", "patches-fast")):
+            assert pm.pin_memory(layer, subset=subset) is True
+        assert books(mm) == (MiB,) * 3
+        mm.reset_cast_buffers()
+        assert registered(p) == 256 * 1024 and books(mm) == (256 * 1024,) * 3
+
+
+def test_038_a_tensor_pin_comfyui_refuses_gives_the_grant_back():
+    with comfy_038("3MiB") as (mm, pm):
+        import torch
+        first, second = torch.ones(256 * 1024), torch.ones(256 * 1024)   # 1 MiB each
+        assert mm.pin_memory(first, evict_active=False) is True           # 0.38's argument passes through
+        mm.MAX_PINNED_MEMORY = int(1.5 * MiB)   # e.g. lowered by a custom node: ComfyUI's own check now refuses
+        assert mm.pin_memory(second) is False and second.data_ptr() not in mm.PINNED_MEMORY
+        stats = pinning.budget().stats()
+        assert stats["pinned_bytes"] == MiB == mm.TOTAL_PINNED_MEMORY and stats["in_flight_bytes"] == 0
+        assert stats["evictions"] == 0 and stats["grants"] == 2
+
+
+def test_038_disable_switch_is_comfyuis_own():
+    with comfy_038("3MiB") as (mm, pm):
+        from fake_comfy.v0_38_pins import loaded
+        p = dynamic(mm)
+        loaded(mm, p)
+        mm.DISABLE_PINNED_MEMORY = True
+        assert pm.pin_memory(p.layers()[0]) is None
+        assert pinning.current().budget.stats()["grants"] == 0 and mm.HOST_REGISTER.calls == []
+
+
+def test_038_reregistration_by_get_pin_is_budgeted(tmp_path):
+    events = tmp_path / "events.jsonl"
+    with comfy_038("1.25MiB", events=events) as (mm, pm):
+        from fake_comfy.v0_38_pins import loaded
+        p, stray = dynamic(mm), dynamic(mm)   # stray is not loaded: its pins cannot be told apart, nor evicted
+        loaded(mm, p)
+        for layer in p.layers():
+            pm.pin_memory(layer)
+        p.unregister_inactive_pins(1e30)        # ComfyUI unregisters on a path comfy_memx does not wrap
+        assert [pm.pin_memory(layer) for layer in stray.layers()] == [True] * 4
+        assert books(mm) == (MiB,) * 3
+        first, second = p.layers()[:2]
+        assert pm.get_pin(first) is first._pins["weights"]["pin"] and first._pins["weights"]["registered"]
+        pin = pm.get_pin(second)                 # over the cap and nothing evictable: refused, pin unregistered
+        assert pin is second._pins["weights"]["pin"] and not second._pins["weights"]["registered"]
+        assert books(mm) == (int(1.25 * MiB),) * 3 and max(books(mm)) <= pinning.cap().bytes
+        refused = pin_events(events, "pin_refused")
+        assert [(e["model_id"], e["bytes"], e["reason"]) for e in refused] == [(model_id(p), 256 * 1024, "over_cap")]
+
+
+def test_an_unpin_from_a_finalizer_inside_the_budget_is_settled_after_it():
+    """A garbage collection that runs while this thread holds the budget's lock unpins a dead model's weights
+    (ModelPatcher.__del__); its bookkeeping must wait until the thread leaves the budget (the lock is not
+    reentrant), then settle: no hang, and the books end equal to ComfyUI's."""
+    import gc
+    with memx_on("0.27.0", pin_limit="64MiB") as mm:
+        mm.vram_state = mm.VRAMState.NO_VRAM
+        doomed = make_patcher(4, 256 * 1024)
+        mm.load_models_gpu([doomed])
+        mm.current_loaded_models.clear()     # ComfyUI forgot it without unloading: only a cycle keeps it alive
+        doomed.cycle = doomed
+        del doomed
+        budget = pinning.current().budget
+        decide = budget._decide
+        collected = []
+
+        def decide_with_a_collection(*args):
+            collected.append(gc.collect())   # the finalizer runs here, with the budget's lock held
+            return decide(*args)
+        budget._decide = decide_with_a_collection
+        survivor = make_patcher(1, 256 * 1024)
+        worker = threading.Thread(target=lambda: mm.load_models_gpu([survivor]))
+        worker.start()
+        worker.join(20)
+        assert not worker.is_alive(), "deadlock: the finalizer waited for the budget's lock"
+        budget._decide = decide
+        assert collected and collected[0] > 0
+        assert pinning.budget().stats()["pinned_bytes"] == mm.TOTAL_PINNED_MEMORY == MiB
+        assert pinning.current().budget.totals() == (MiB, 0)   # settled without a read-time settle
+
+
+def test_038_evict_active_false_spares_the_active_models():
+    with comfy_038("2MiB") as (mm, pm):
+        import torch
+        from fake_comfy.v0_38_pins import loaded
+        p, q = dynamic(mm), dynamic(mm)
+        loaded(mm, p, q)
+        for patcher in (q, p):                       # P pinned last: the most recently used
+            for layer in patcher.layers():
+                pm.pin_memory(layer)
+        q.state()["active"] = False                  # Q's node is over; P is running
+        first, second = torch.ones(128 * 1024), torch.ones(128 * 1024)   # 512 KiB each
+        assert mm.pin_memory(first, evict_active=False) is True
+        assert (registered(p), registered(q)) == (MiB, 512 * 1024)       # room made in Q, not in active P
+        assert mm.pin_memory(second) is True
+        assert (registered(p), registered(q)) == (512 * 1024, 512 * 1024)  # now P, the most recently used
+        assert books(mm) == (2 * MiB,) * 3

@@ -22,6 +22,17 @@ Protocol for the caller: for a granted decision, unpin ``decision.evict`` first,
 included, with :meth:`PinBudget.release`; an eviction that could not be carried out is reported with
 :meth:`PinBudget.cancel_eviction`.  If the pin itself then fails, :meth:`PinBudget.release` the requester's bytes.
 
+A caller that can read what is really registered (comfy_memx reads ComfyUI's own counters) uses the second
+protocol instead: it requests with ``in_flight=True``, calls :meth:`PinBudget.conclude` when the pin call returned,
+and then :meth:`PinBudget.settle` each model to the bytes really registered for it.  ``settle`` is idempotent, so
+it may run at any time (also from a finalizer that saw an unpin): a model's record is always what is registered
+for it plus its grants still in flight.
+
+The one lock (``_lock``, a plain :class:`threading.Lock`) guards every figure; it is held only inside these
+methods, which allocate small dicts and tuples.  A garbage-collection finalizer or weakref callback of the caller
+must therefore not call into the budget while its own thread is inside it (``comfy_memx.pins.session`` defers
+such calls); no callback is ever invoked with the lock held (``on_event`` runs after it is released).
+
 With ``scope="host"`` all processes of this user on the host share one cap through a :class:`HostRegistry` file.
 Standard library only.
 """
@@ -29,21 +40,18 @@ Standard library only.
 import collections
 import contextlib
 import dataclasses
-import json
 import logging
 import os
-import sys
-import tempfile
 import threading
 
 from comfy_memx.core.errors import ConfigError, internal_error
+from comfy_memx.pins.hostshare import HostRegistry
 
 log = logging.getLogger("comfy_memx")
 
 MIB = 1024 ** 2
 POLICIES = ("mru", "lru")
 SCOPES = ("process", "host")
-REGISTRY_NAME = "comfy_memx-pins"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +105,8 @@ class PinBudget:
         self._pending = {}
         self._pinned_total = 0
         self._pending_total = 0
+        self._inflight = {}        # model_id -> bytes granted whose pin call has not returned yet (in_flight=True)
+        self._inflight_total = 0
         self._recency = collections.OrderedDict()  # least recently used first
         self._load_depth = 0
         self._protected = set()
@@ -111,18 +121,69 @@ class PinBudget:
 
     # -- requests -------------------------------------------------------------------------------------------------
 
-    def request(self, model_id, nbytes, loading=()):
+    def request(self, model_id, nbytes, loading=(), in_flight=False):
         """Decide whether ``model_id`` may pin ``nbytes`` more; the bytes are counted as pinned if granted.
 
         ``loading`` names the models of the current load, whose pins must not be evicted (added to those given to
-        :meth:`begin_load`).  See the module docstring for what the caller must do with the :class:`Decision`.
+        :meth:`begin_load`).  With ``in_flight`` a granted request is also counted as in flight until
+        :meth:`conclude`, so that :meth:`settle` keeps it.  See the module docstring for what the caller must do
+        with the :class:`Decision`.
         """
         nbytes = int(nbytes)
         with self._lock:
             decision = self._decide(model_id, nbytes, loading)
+            if in_flight and decision.granted and nbytes > 0:
+                self._inflight[model_id] = self._inflight.get(model_id, 0) + nbytes
+                self._inflight_total += nbytes
             events = self._events_for(decision)
         self._emit(events)
         return decision
+
+    def conclude(self, model_id, nbytes):
+        """The pin call of an ``in_flight`` grant of ``nbytes`` to ``model_id`` returned: stop counting it as in
+        flight.  The bytes stay recorded until :meth:`settle` (or :meth:`release`) says what was registered."""
+        with self._lock:
+            held = self._inflight.get(model_id, 0)
+            done = min(held, max(0, int(nbytes)))
+            if held - done > 0:
+                self._inflight[model_id] = held - done
+            else:
+                self._inflight.pop(model_id, None)
+            self._inflight_total -= done
+
+    def settle(self, model_id, actual):
+        """Make ``model_id``'s record equal ``actual`` (the bytes really registered for it) plus its grants in flight.
+
+        A record above that target gives the difference back (settling evictions asked for first, as
+        :meth:`release` does); a record below it adopts the difference: counted as pinned without a decision
+        (something registered it without asking, or before comfy_memx started), never refused.  Returns the change
+        in bytes (negative: given back).
+        """
+        with self._lock:
+            target = max(0, int(actual)) + self._inflight.get(model_id, 0)
+            held = self._pinned.get(model_id, 0)
+            if target < held:
+                self._release(model_id, held - target)
+                self._maybe_shrink_reservation()
+            elif target > held:
+                self._pinned[model_id] = target
+                self._pinned_total += target - held
+                self._counters["adopted_bytes"] += target - held
+                self._peak_committed = max(self._peak_committed, self._committed())
+                if model_id not in self._recency:
+                    self._recency[model_id] = None
+                self._grow_reservation()
+            return target - held
+
+    def totals(self):
+        """``(pinned, in_flight)``: all bytes recorded, and the part of them granted but not concluded yet."""
+        with self._lock:
+            return self._pinned_total, self._inflight_total
+
+    def models(self):
+        """The model keys that hold bytes or grants in flight."""
+        with self._lock:
+            return list(self._pinned.keys() | self._inflight.keys())
 
     def release(self, model_id, nbytes):
         """Record that ``nbytes`` of ``model_id``'s pins were unpinned (an eviction carried out, or any unpin).
@@ -145,6 +206,7 @@ class PinBudget:
         with self._lock:
             held = self._pinned.get(model_id, 0)
             self._release(model_id, held)
+            self._inflight_total -= self._inflight.pop(model_id, 0)
             self._recency.pop(model_id, None)
             self._protected.discard(model_id)
             self._maybe_shrink_reservation()
@@ -203,6 +265,7 @@ class PinBudget:
                 "scope": self.scope,
                 "pinned_bytes": self._pinned_total,
                 "pending_evict_bytes": self._pending_total,
+                "in_flight_bytes": self._inflight_total,
                 "committed_bytes": self._committed(),
                 "peak_committed_bytes": self._peak_committed,
                 "per_model": dict(self._pinned),
@@ -214,6 +277,7 @@ class PinBudget:
                 "evictions": self._counters["evictions"],
                 "refusals": self._counters["refusals"],
                 "refused_bytes": self._counters["refused_bytes"],
+                "adopted_bytes": self._counters["adopted_bytes"],
             }
 
     def close(self):
@@ -336,6 +400,17 @@ class PinBudget:
         self._recency.pop(model_id, None)
         self._recency[model_id] = None
 
+    def _grow_reservation(self):
+        """Host scope: reserve at least what is committed (adopted bytes exist whether the others like it or not)."""
+        if self._registry is None or self._committed() <= self._reserved:
+            return
+        try:
+            with self._registry.transaction() as entries:
+                self._reserved = -(-self._committed() // self._chunk) * self._chunk
+                entries[os.getpid()] = self._reserved
+        except OSError as exc:
+            internal_error("pinbudget.registry", exc)
+
     def _maybe_shrink_reservation(self):
         if self._registry is None or self._reserved - self._committed() <= 2 * self._chunk:
             return
@@ -363,137 +438,3 @@ class PinBudget:
                 self._on_event(event)
             except Exception as exc:  # a broken sink must not break pinning
                 internal_error("pinbudget.on_event", exc)
-
-
-class HostRegistry:
-    """A small file shared by this user's processes on one host, holding ``{pid: reserved pin bytes}``.
-
-    Every access takes an exclusive ``fcntl.flock`` on the file, drops the entries of processes that are gone
-    (dead, zombie, or a reused pid whose start time differs), and writes the result back.  The file is created with
-    owner-only permissions (0600) and refused if another user owns it.  ``path`` defaults to
-    :func:`default_registry_path`.  POSIX only (needs ``fcntl``).
-    """
-
-    def __init__(self, path=None):
-        try:
-            import fcntl  # noqa: F401  (checked here so that host scope fails at startup, not on the first pin)
-        except ImportError:
-            raise ConfigError("COMFY_MEMX_PIN_SCOPE=host needs fcntl (Linux or macOS); use process") from None
-        self.path = path or default_registry_path()
-
-    @contextlib.contextmanager
-    def transaction(self):
-        """Lock the file and yield its live entries as a dict ``{pid: bytes}``; changes are written back on exit."""
-        import fcntl
-
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        try:
-            info = os.fstat(fd)
-            if info.st_uid != os.getuid():
-                raise ConfigError("pin registry %s belongs to another user; set XDG_RUNTIME_DIR or "
-                                  "COMFY_MEMX_PIN_SCOPE=process" % self.path)
-            if info.st_mode & 0o077:
-                os.fchmod(fd, 0o600)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            raw = _read_all(fd)
-            records = self._live_records(raw)
-            entries = {pid: record["bytes"] for pid, record in records.items()}
-            yield entries
-            pid = os.getpid()
-            for pid_key, size in entries.items():
-                if pid_key not in records or records[pid_key]["bytes"] != size:
-                    start = _process_start(pid_key) if pid_key != pid else _own_start()
-                    records[pid_key] = {"bytes": int(size), "start": start}
-            for gone in set(records) - set(entries):
-                del records[gone]
-            text = json.dumps({str(k): v for k, v in sorted(records.items())}).encode()
-            if text != raw.rstrip():
-                # Pad with blanks instead of truncating: ftruncate costs milliseconds on some file systems.
-                os.lseek(fd, 0, os.SEEK_SET)
-                os.write(fd, text.ljust(len(raw)))
-        finally:
-            os.close(fd)  # closing the descriptor releases the flock
-
-    def entries(self):
-        """Return the live entries ``{pid: bytes}`` (dropping dead ones from the file)."""
-        with self.transaction() as entries:
-            return dict(entries)
-
-    def _live_records(self, raw):
-        try:
-            loaded = json.loads(raw) if raw.strip() else {}
-            records = {int(pid): {"bytes": int(r["bytes"]), "start": r.get("start")} for pid, r in loaded.items()}
-        except (ValueError, TypeError, KeyError, AttributeError):
-            log.warning("comfy_memx: pin registry %s was unreadable; starting it afresh", self.path)
-            return {}
-        return {pid: record for pid, record in records.items() if _alive(pid, record["start"])}
-
-
-def default_registry_path():
-    """Where the host registry lives: ``$XDG_RUNTIME_DIR`` (per user), else /dev/shm, else the temp directory."""
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isdir(runtime) and os.access(runtime, os.W_OK):
-        return os.path.join(runtime, REGISTRY_NAME + ".json")
-    uid = os.getuid() if hasattr(os, "getuid") else 0
-    for directory in ("/dev/shm", tempfile.gettempdir()):
-        if os.path.isdir(directory) and os.access(directory, os.W_OK):
-            return os.path.join(directory, "%s-%d.json" % (REGISTRY_NAME, uid))
-    return os.path.join(tempfile.gettempdir(), "%s-%d.json" % (REGISTRY_NAME, uid))
-
-
-def _read_all(fd):
-    os.lseek(fd, 0, os.SEEK_SET)
-    chunks = []
-    while True:
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-
-
-def _alive(pid, start):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return False
-    if sys.platform.startswith("linux"):
-        state_and_start = _proc_stat(pid)
-        if state_and_start is None:
-            return False
-        state, started = state_and_start
-        if state in ("Z", "X"):
-            return False
-        return start is None or start == started
-    return True
-
-
-def _proc_stat(pid):
-    """(state, start time in clock ticks) from /proc/<pid>/stat, or None when the process is gone."""
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            text = f.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    fields = text[text.rfind(")") + 2:].split()
-    return fields[0], fields[19]
-
-
-def _process_start(pid):
-    if sys.platform.startswith("linux"):
-        stat = _proc_stat(pid)
-        return stat[1] if stat else None
-    return None
-
-
-_own_start_cache = {}
-
-
-def _own_start():
-    pid = os.getpid()  # keyed by pid: a forked child must not reuse its parent's start time
-    if pid not in _own_start_cache:
-        _own_start_cache[pid] = _process_start(pid)
-    return _own_start_cache[pid]

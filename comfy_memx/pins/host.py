@@ -6,7 +6,8 @@ that really relieves RAM: swap on a disk.  zram swap lives in RAM itself and doe
 no swap counts, because the limit, not the host, decides when the OOM killer fires.
 
 :func:`probe_host` reads everything once; it is meant for startup and ``doctor``, never for a model load.
-:func:`available_ram` is the cheap live gauge for RAM-pressure checks on the pin path.
+:func:`available_ram` is the cheap live reading for RAM-pressure checks on the pin path, and :class:`RamGauge` the
+cached form of it that the pin budget asks on every request.
 
 Only the standard library is imported at module level; psutil is imported lazily where /proc cannot answer
 (Windows, macOS, or an unreadable /proc/meminfo).
@@ -22,6 +23,7 @@ log = logging.getLogger("comfy_memx")
 
 _KIB = 1024
 INACTIVE_FILE_MAX_AGE = 1.0  # seconds a cgroup's inactive page-cache figure is reused by available_ram()
+RAM_READING_MAX_AGE = 0.05   # seconds a RamGauge reuses a reading of available RAM
 _warned = set()
 
 
@@ -104,6 +106,32 @@ def available_ram(host=None, proc_root="/proc"):
         if usage is not None:
             available = min(available, max(0, host.cgroup_limit - usage))
     return available
+
+
+class RamGauge:
+    """Available RAM for the pin budget's pressure rule, re-read at most every ``max_age`` seconds.
+
+    Between readings the bytes granted since the last reading are subtracted, so a burst of pins cannot slip under
+    the headroom on a stale figure (the cached figure only errs on the safe side).  ``read`` is a callable
+    returning bytes; ``max_age`` None means :data:`RAM_READING_MAX_AGE`, looked up at each call.
+    """
+
+    def __init__(self, read, max_age=None):
+        self._read = read
+        self._max_age = max_age
+        self._at = -1e9
+        self._value = 0
+        self._granted = 0
+
+    def __call__(self):
+        now = time.monotonic()
+        if now - self._at > (RAM_READING_MAX_AGE if self._max_age is None else self._max_age):
+            self._value, self._at, self._granted = self._read(), now, 0
+        return self._value - self._granted
+
+    def note_granted(self, nbytes):
+        """Count ``nbytes`` more as used until the next reading."""
+        self._granted += nbytes
 
 
 _host_cache = []

@@ -590,6 +590,21 @@ def unpin_memory(tensor):
     return True
 
 
+def reset_cast_buffers():
+    """End of a node under DynamicVRAM: every dynamic loaded model becomes inactive and loses its ``patches`` pins.
+
+    The real one also syncs offload streams, bounces dirty mmaps, prunes pin buckets and recreates the patches host
+    buffer; here only the pin effect is modelled (the stand-in's own patchers are never dynamic, tests add some).
+    """
+    for entry in list(current_loaded_models):
+        patcher = entry.model
+        if patcher is None or not patcher.is_dynamic():
+            continue
+        patcher.model.dynamic_pins[patcher.load_device]["active"] = False
+        patcher.partially_unload_ram(1e30, subsets=["patches"])
+    soft_empty_cache()
+
+
 def soft_empty_cache(force=False):
     """Release cached GPU memory (counted in SIM_EMPTY_CACHE_CALLS); nothing to do in CPU mode."""
     global SIM_EMPTY_CACHE_CALLS

@@ -1,0 +1,37 @@
+"""What the patch modules (``patches/pinned_memory.py``, ``patches/dynamic_pins.py``) call: one small, stable API
+over the pin package, so that moving code between its modules never touches a wrapper.
+
+Life cycle: :func:`start`, :func:`stop`, :func:`managing`, :func:`started_for`, :func:`comfyui_max`,
+:func:`startup_line`.  Decisions (callers hold :data:`PIN_LOCK`): :func:`before_tensor_pin` /
+:func:`after_tensor_pin`, :func:`before_layer_pin` / :func:`after_layer_pin`, :func:`before_reregister`;
+:data:`REFUSED` is the answer that makes a wrapper reply as ComfyUI does when it cannot pin.  Bookkeeping:
+:func:`before_tensor_unpin` / :func:`after_tensor_unpin`, :func:`note_pin_check`, :func:`after_comfyui_eviction`,
+:func:`after_node_reset`, :func:`settle`.  Eviction order: :func:`reorders_eviction`, :func:`free_pins_mru`,
+:func:`free_registrations_mru`.  Reading a layer's pin cheaply (hot path of ``get_pin``): :func:`layer_pin`.
+"""
+
+from comfy_memx.pins import reconcile
+from comfy_memx.pins.eviction import (after_comfyui_eviction, after_node_reset, free_pins_mru,  # noqa: F401
+                                      free_registrations_mru, reorders_eviction)
+from comfy_memx.pins.layout import layer_pin  # noqa: F401
+from comfy_memx.pins.loadscope import sync_load_scope
+from comfy_memx.pins.requests import (after_layer_pin, after_tensor_pin, after_tensor_unpin,  # noqa: F401
+                                      before_layer_pin, before_reregister, before_tensor_pin, before_tensor_unpin)
+from comfy_memx.pins.context import PIN_LOCK, REFUSED, current  # noqa: F401
+from comfy_memx.pins.session import comfyui_max, managing, start, started_for, startup_line, stop  # noqa: F401
+
+
+def note_pin_check():
+    """Called by the ``ensure_pin_budget`` / ``ensure_pin_registerable`` wrappers: keeps the current load in step
+    (a load that pins nothing still marks its models as most recently used)."""
+    state = current()
+    if state is not None:
+        sync_load_scope(state)
+
+
+def settle():
+    """Settle the budget to ComfyUI's counters now (cheap when nothing moved behind comfy_memx's back).  For
+    wrappers of paths that release pins without a pin function (an unload), and for readers."""
+    state = current()
+    if state is not None:
+        reconcile.sync(state)
