@@ -1,34 +1,64 @@
-"""Benchmark T6: the strict-leak holder search against objgraph and against one heap scan, in one run.
+"""Benchmark T6: the strict-leak holder search (forward probe and backward search) against objgraph and one heap scan.
 
 The heap is synthetic (performance-anchors.md, "Notes on method"): filler Node/slotted objects, lists and dicts
-plus 500 small tensors on top of ``import torch``, >= 1e6 GC-tracked objects (``quick``: ~1e5).  The target
-tensor is reachable only through ``module -> __dict__ -> _CACHE dict -> list -> Holder -> state dict ->
-tensor`` (depth 6).  Three timings are taken in the same process:
+plus 500 small tensors on top of ``import torch``, >= 1e6 GC-tracked objects (``quick``: ~1e5).  Two targets live in
+it, each held by the same depth-6 shape ``module -> __dict__ -> _CACHE dict -> list -> Holder -> state dict ->
+tensor``:
 
-* ``search_s``: :func:`comfy_memx.leaks.holders.find_holders` finding that chain (best of 3);
-* ``objgraph_s``: ``objgraph.find_backref_chain(target, objgraph.is_proper_module)`` (objgraph is the
-  bench-only reference; it runs ``gc.collect()`` first, as its users get it; best of 2, 1 when quick);
-* ``scan_s``: one ``gc.get_referrers(target)`` pass over the same heap (best of 3).
+* the *package-rooted* target, in a module whose file lies in a ``custom_nodes`` directory (a custom-node package,
+  where users' leaks are rooted): the forward probe reaches it;
+* the *unreachable* target, in a module outside any package: the probe cannot reach it and the backward search
+  runs as it would alone.
 
-Targets (T6): ``objgraph_s / search_s >= 3`` and ``search_s / scan_s <= 6``.  Run ``python bench/leak.py
-[--quick]``; it prints one JSON record per line.
+All timings are taken in the same process, on the same heap:
+
+* ``scan_s``: one ``gc.get_referrers(target)`` pass (best of 3);
+* ``objgraph_s``: ``objgraph.find_backref_chain(target, objgraph.is_proper_module)`` on the package-rooted target
+  (objgraph is the bench-only reference; it runs ``gc.collect()`` first, as its users get it; best of 2, 1 when
+  quick);
+* ``search_s``: the backward search alone (``find_holders(probe=False)``, the search before issue 12) on the
+  package-rooted target (best of 3);
+* ``probe_search_s``: ``find_holders`` as strict mode runs it (probe first) on the package-rooted target (best of
+  5); the chain must come from the probe, with no heap scan;
+* ``fallback_search_s`` / ``fallback_backward_s``: ``find_holders`` with and without the probe on the unreachable
+  target, in interleaved rounds; ``fallback_over_backward`` is the median of the per-round ratios.
+
+Targets (T6): ``objgraph_s / search_s >= 3`` and ``search_s / scan_s <= 6`` (the backward search);
+``objgraph_s / probe_search_s >= 100`` and ``probe_search_s / scan_s <= 1`` (issue 12: the probe);
+``fallback_over_backward <= 1.05`` (a chain the probe cannot reach is found no slower than by the backward search
+alone; 5 % is the noise allowance of two timings of a few hundred milliseconds on a shared machine).  Run
+``python bench/leak.py [--quick]``; it prints one JSON record per line.
+
+The searches are called from plain functions that hold each target in an ordinary local variable only: a closure
+cell or a ``*args`` tuple holding the target would be one more holder, which the probe rightly refuses to explain
+away (it would then scan the heap).
 """
 
 import gc
 import json
-import sys
 import os
+import sys
 import time
 import types
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 if __package__ in (None, ""):  # run as a script from a checkout
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for _path in (os.path.dirname(HERE), HERE):
+        if _path not in sys.path:
+            sys.path.insert(0, _path)
+
+import common  # noqa: E402
 
 PACK = "memx_leak_bench_pack"
+ELSEWHERE = "memx_leak_bench_site"
 CACHE_KEY = "qwen_2512.safetensors_1024"
 HOLDER_INDEX = 7
 OBJGRAPH_FLOOR = 3.0
 SCAN_CEILING = 6.0
+PROBE_OBJGRAPH_FLOOR = 100.0
+PROBE_SCAN_CEILING = 1.0
+FALLBACK_CEILING = 1.05
+BUDGET_S = 60.0
 
 
 class Holder:
@@ -58,8 +88,22 @@ class SlotNode:
         self.link = link
 
 
+def _holding_module(name, path, target, torch):
+    module = types.ModuleType(name)
+    module.__file__ = path                 # only the path string matters: nothing is read from it
+    holders = [Holder({"weight": torch.zeros(2)}) for _ in range(HOLDER_INDEX)]
+    holders.append(Holder({"weight": target, "bias": torch.zeros(2)}))
+    module._CACHE = {CACHE_KEY: holders}
+    sys.modules[name] = module
+    return module
+
+
 def build_heap(objects):
-    """Return ``(keepalive, module, target)`` with at least ``objects`` GC-tracked objects added."""
+    """Return ``(keepalive, pack, elsewhere, target, unreachable)`` with at least ``objects`` GC-tracked objects added.
+
+    ``pack`` is a custom-node package module (its file under ``custom_nodes``) holding ``target``; ``elsewhere`` an
+    ordinary module holding ``unreachable``; both in the depth-6 shape of the module docstring.
+    """
     import torch
 
     filler = []
@@ -70,66 +114,128 @@ def build_heap(objects):
         filler.append([node, {"i": i, "node": node}, (node, i)])
         previous = node if i % 64 else None
     tensors = {f"t{i}": torch.zeros(4) for i in range(500)}
-    target = torch.zeros(8)
-    module = types.ModuleType(PACK)
-    holders = [Holder({"weight": torch.zeros(2)}) for _ in range(HOLDER_INDEX)]
-    holders.append(Holder({"weight": target, "bias": torch.zeros(2)}))
-    module._CACHE = {CACHE_KEY: holders}
-    sys.modules[PACK] = module
-    return (filler, tensors), module, target
+    target, unreachable = torch.zeros(8), torch.zeros(8)
+    root = os.path.join(os.sep, "srv", "memx-bench", "ComfyUI")
+    pack = _holding_module(PACK, os.path.join(root, "custom_nodes", PACK, "__init__.py"), target, torch)
+    elsewhere = _holding_module(ELSEWHERE, os.path.join(os.sep, "srv", "memx-bench", "lib", ELSEWHERE + ".py"),
+                                unreachable, torch)
+    return (filler, tensors), pack, elsewhere, target, unreachable
 
 
-def _best(repeats, call):
-    best, result = None, None
+def _time_scans(target, repeats):
+    best = None
     for _ in range(repeats):
         started = time.perf_counter()
-        result = call()
+        gc.get_referrers(target)
         elapsed = time.perf_counter() - started
         best = elapsed if best is None else min(best, elapsed)
-    return best, result
+    return best
+
+
+def _time_search(target, repeats, probe):
+    """Best time of ``find_holders(target)`` over ``repeats`` calls, and the last report."""
+    from comfy_memx.leaks.holders import find_holders
+    best, report = None, None
+    for _ in range(repeats):
+        started = time.perf_counter()
+        report = find_holders(target, budget_s=BUDGET_S, probe=probe)
+        elapsed = time.perf_counter() - started
+        best = elapsed if best is None else min(best, elapsed)
+    return best, report
+
+
+def _time_fallback(target, rounds):
+    """Per-round seconds of ``find_holders`` with and without the probe, alternating which goes first."""
+    from comfy_memx.leaks.holders import find_holders
+    with_probe, without, reports = [], [], {}
+    for index in range(rounds + 1):              # the first round warms up and is not kept
+        for probe in ((True, False) if index % 2 else (False, True)):
+            started = time.perf_counter()
+            report = find_holders(target, budget_s=BUDGET_S, probe=probe)
+            elapsed = time.perf_counter() - started
+            if index:
+                (with_probe if probe else without).append(elapsed)
+            reports[probe] = report
+    return with_probe, without, reports
+
+
+def _time_objgraph(target, module, repeats):
+    import objgraph
+    best = None
+    for _ in range(repeats):
+        started = time.perf_counter()
+        chain = objgraph.find_backref_chain(target, objgraph.is_proper_module, max_depth=20)
+        elapsed = time.perf_counter() - started
+        best = elapsed if best is None else min(best, elapsed)
+        ok = bool(chain) and chain[0] is module and len(chain) == 7
+        length = len(chain or ())
+        del chain
+        if not ok:
+            raise AssertionError(f"objgraph did not find the depth-6 chain (length {length})")
+    return best
+
+
+def _check(report, expected, stage):
+    found = {chain.path: chain.stage for chain in report.chains}
+    if found.get(expected) != stage:
+        raise AssertionError(f"expected {expected!r} from the {stage} stage, got {found}")
 
 
 def run(quick=False):
-    """Build the heap, time the three searches, and return JSON records (``case: leak``)."""
-    import objgraph
+    """Build the heap, time every search on it, and return JSON records (``case: leak``)."""
+    import objgraph  # noqa: F401  (a missing bench extra gives a skipped record)
 
-    from comfy_memx.leaks.holders import find_holders
-
-    keepalive, module, target = build_heap(100_000 if quick else 1_100_000)
+    keepalive, pack, elsewhere, target, unreachable = build_heap(100_000 if quick else 1_100_000)
+    expected = f"{PACK}._CACHE[{CACHE_KEY!r}][{HOLDER_INDEX}].state['weight']"
+    expected_elsewhere = f"{ELSEWHERE}._CACHE[{CACHE_KEY!r}][{HOLDER_INDEX}].state['weight']"
     try:
         gc.collect()
         heap = len(gc.get_objects())
-        expected = f"{PACK}._CACHE[{CACHE_KEY!r}][{HOLDER_INDEX}].state['weight']"
-
-        scan_s, _ = _best(3, lambda: len(gc.get_referrers(target)))
-        search_s, report = _best(3, lambda: find_holders(target, budget_s=60.0))
-        paths = [chain.path for chain in report.chains]
-        if expected not in paths:
-            raise AssertionError(f"search did not find {expected!r}: {paths}")
-        objgraph_s, chain = _best(1 if quick else 2, lambda: objgraph.find_backref_chain(
-            target, objgraph.is_proper_module, max_depth=20))
-        if not chain or chain[0] is not module or len(chain) != 7:
-            raise AssertionError(f"objgraph did not find the depth-6 chain (length {len(chain or ())})")
-        del chain
+        with common.gc_paused():
+            scan_s = _time_scans(target, 3)
+            search_s, backward = _time_search(target, 3, probe=False)
+            probe_s, probed = _time_search(target, 5, probe=True)
+            with_probe, without, fallback = _time_fallback(unreachable, 3 if quick else 5)
+        objgraph_s = _time_objgraph(target, pack, 1 if quick else 2)
+        _check(backward, expected, "backward")
+        _check(probed, expected, "probe")
+        _check(fallback[True], expected_elsewhere, "backward")
+        _check(fallback[False], expected_elsewhere, "backward")
     finally:
         sys.modules.pop(PACK, None)
-        del keepalive, module, target
+        sys.modules.pop(ELSEWHERE, None)
+        del keepalive, pack, elsewhere, target, unreachable
 
-    over_objgraph = objgraph_s / search_s
-    in_scans = search_s / scan_s
-    record = {"case": "leak"}
+    case = "leak"
+    probe_stage, probed_backward = probed.stages["probe"], probed.stages["backward"]
+    fallback_probe = fallback[True].stages["probe"]
+    over_objgraph, in_scans = objgraph_s / search_s, search_s / scan_s
+    probe_over_objgraph, probe_in_scans = objgraph_s / probe_s, probe_s / scan_s
     return [
-        dict(record, metric="heap_objects", value=heap, unit="objects"),
-        dict(record, metric="search_s", value=round(search_s, 4), unit="s", scans=report.scans,
-             objects_visited=report.objects_visited),
-        dict(record, metric="objgraph_s", value=round(objgraph_s, 4), unit="s"),
-        dict(record, metric="scan_s", value=round(scan_s, 4), unit="s"),
-        dict(record, metric="speedup_vs_objgraph", value=round(over_objgraph, 2), unit="x",
-             ratio=round(over_objgraph, 2), formula="objgraph_s/search_s", target_min=OBJGRAPH_FLOOR,
-             ok=over_objgraph >= OBJGRAPH_FLOOR),
-        dict(record, metric="search_in_scans", value=round(in_scans, 2), unit="scans",
-             ratio=round(in_scans, 2), formula="search_s/scan_s", target_max=SCAN_CEILING,
-             ok=in_scans <= SCAN_CEILING),
+        common.record(case, "heap_objects", heap, "objects"),
+        common.record(case, "scan_s", scan_s, "s", note="one gc.get_referrers(target) pass, best of 3"),
+        common.record(case, "objgraph_s", objgraph_s, "s", note="objgraph.find_backref_chain, package-rooted target"),
+        common.record(case, "search_s", search_s, "s", scans=backward.scans, objects_visited=backward.objects_visited,
+                      note="backward search alone (find_holders probe=False), package-rooted target"),
+        common.record(case, "speedup_vs_objgraph", over_objgraph, "x", ratio=over_objgraph,
+                      formula="objgraph_s/search_s", target_min=OBJGRAPH_FLOOR),
+        common.record(case, "search_in_scans", in_scans, "scans", ratio=in_scans, formula="search_s/scan_s",
+                      target_max=SCAN_CEILING),
+        common.record(case, "probe_search_s", probe_s, "s", scans=probed.scans,
+                      objects_visited=probe_stage["objects_visited"], backward_mode=probed_backward["mode"],
+                      found_by="probe", note="find_holders with the probe, package-rooted depth-6 chain"),
+        common.record(case, "probe_speedup_vs_objgraph", probe_over_objgraph, "x", ratio=probe_over_objgraph,
+                      formula="objgraph_s/probe_search_s", target_min=PROBE_OBJGRAPH_FLOOR),
+        common.record(case, "probe_in_scans", probe_in_scans, "scans", ratio=probe_in_scans,
+                      formula="probe_search_s/scan_s", target_max=PROBE_SCAN_CEILING),
+        common.seconds_record(case, "fallback_search_s", with_probe, scans=fallback[True].scans,
+                              probe_s=fallback_probe["seconds"], probe_objects=fallback_probe["objects_visited"],
+                              backward_mode=fallback[True].stages["backward"]["mode"],
+                              note="find_holders with the probe, a chain the probe cannot reach"),
+        common.seconds_record(case, "fallback_backward_s", without, scans=fallback[False].scans,
+                              note="the same search without the probe, interleaved rounds"),
+        common.ratio_record(case, "fallback_over_backward", with_probe, without, target_max=FALLBACK_CEILING,
+                            note="per round: fallback_search_s / fallback_backward_s"),
     ]
 
 

@@ -16,6 +16,12 @@ from comfy_memx.leaks.holders import (ROOT_C_REGISTRY, ROOT_CLASS_ATTRIBUTE, ROO
                                 CycleReport, HolderReport, capture_cycle, find_holders, investigate, package_of,
                                 safe_repr, to_dot)
 from comfy_memx.leaks.holders.packages import display_module_name
+from comfy_memx.leaks.holders.probe import refcount_calibrated
+
+# Where reference counts name every holder (CPython >= 3.11) a probe that explains them all saves every heap scan;
+# on 3.10 the same chains come with a backward search from every object the probe connected to the target.
+SHORTCUT = refcount_calibrated()
+PROBE_ALONE = "skipped" if SHORTCUT else "remaining"
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "holder_fixtures")
 CUSTOM_NODES = os.path.join(FIXTURES, "custom_nodes")
@@ -109,6 +115,10 @@ EDGE_KINDS = [
     ("dict_key", "some_pack.BY_MODEL -> dict key", ROOT_MODULE_GLOBAL),
     ("traceback_frame", "some_pack.LAST_ERROR[0].__traceback__.tb_frame.f_locals['model']", ROOT_MODULE_GLOBAL),
     ("generator", "some_pack.GENERATORS[0] -> generator local 'model'", ROOT_MODULE_GLOBAL),
+    ("module_global", "some_pack.CURRENT", ROOT_MODULE_GLOBAL),
+    ("hostile", "some_pack.HOSTILE[0][<some_pack.HostileHolder object (repr raised RuntimeError)>].held",
+     ROOT_MODULE_GLOBAL),
+    ("huge_list", "some_pack.BIG[1000000]", ROOT_MODULE_GLOBAL),
 ]
 
 
@@ -122,7 +132,7 @@ def test_chain_names_each_edge_kind_and_the_pack(some_pack, kind, expected, root
     finally:
         some_pack.release()
     chain = chain_at(report, expected)
-    assert (chain.package, chain.root_kind) == ("some_pack", root_kind)
+    assert (chain.package, chain.root_kind, chain.stage) == ("some_pack", root_kind, "probe")
     assert report.complete and report.stage == "rooted"
     del model
     assert alive() is None, "the search kept the model alive"
@@ -138,12 +148,14 @@ def test_two_independent_holders_are_both_reported(some_pack, other_pack):
     finally:
         some_pack.release()
         other_pack.LAST.clear()
-    packages = {chain.path: chain.package for chain in report.chains}
+    packages = {chain.path: (chain.package, chain.stage) for chain in report.chains}
     assert packages == {
-        "some_pack.model.QwenImageModel._cache['qwen_2512.safetensors_1024']": "some_pack",
-        "some_pack.HOOKS['preview'].__self__": "some_pack",
-        "other_pack.LAST[0]": "other_pack",
+        "some_pack.model.QwenImageModel._cache['qwen_2512.safetensors_1024']": ("some_pack", "probe"),
+        "some_pack.HOOKS['preview'].__self__": ("some_pack", "probe"),
+        "other_pack.LAST[0]": ("other_pack", "probe"),
     }
+    assert report.complete and report.stages["backward"]["mode"] == PROBE_ALONE
+    assert report.scans == 0 or not SHORTCUT
 
 
 def test_one_module_holding_the_model_twice_gives_two_chains(scratch):
@@ -440,3 +452,245 @@ def test_safe_repr_never_raises_and_truncates():
             return 42
 
     assert "repr raised TypeError" in safe_repr(NotAString())
+
+
+# --- the forward probe (issue 12): same chains, found without a heap scan when the packages own them -----------
+
+def triples(report):
+    return sorted((chain.path, chain.package, chain.root_kind) for chain in report.chains)
+
+
+PROBE_KINDS = [kind for kind, _, _ in EDGE_KINDS] + ["thread_local"]
+
+
+@pytest.mark.parametrize("kind", PROBE_KINDS)
+def test_the_probe_labels_every_chain_exactly_as_the_backward_search(some_pack, kind):
+    model = FakeModel()
+    alive = weakref.ref(model)
+    some_pack.hold(kind, model)
+    try:
+        backward = find_holders(model, probe=False)
+        probed = find_holders(model)
+    finally:
+        some_pack.release()
+    assert triples(probed) == triples(backward) and len(probed.chains) == 1
+    assert [chain.stage for chain in probed.chains] == ["probe"]
+    assert [chain.stage for chain in backward.chains] == ["backward"]
+    assert probed.stages["probe"]["reached"] and probed.stages["backward"]["mode"] == PROBE_ALONE
+    if SHORTCUT:
+        assert (probed.stages["probe"]["unexplained"], probed.scans) == (0, 0)
+    assert (backward.stages["backward"]["mode"], "probe" in backward.stages) == ("full", False)
+    assert backward.scans >= 1 and probed.complete and backward.complete
+    del model
+    assert alive() is None, "the probe kept the model alive"
+
+
+def test_a_threading_local_of_a_pack_is_probed(some_pack):
+    model = FakeModel()
+    some_pack.hold("thread_local", model)
+    try:
+        report = find_holders(model)
+    finally:
+        some_pack.release()
+    (chain,) = report.chains
+    assert chain.path.startswith("some_pack.TLS -> (inside _thread._local)[") and chain.path.endswith("['model']")
+    assert (chain.root_kind, chain.stage) == (ROOT_MODULE_GLOBAL, "probe")
+
+
+def test_a_holder_outside_the_packages_is_left_to_the_backward_search(some_pack, scratch):
+    model = FakeModel()
+    alive = weakref.ref(model)
+    some_pack.hold("bound_method", model)
+    scratch.ELSEWHERE = {"k": model}
+    try:
+        report = find_holders(model)
+        backward = find_holders(model, probe=False)
+    finally:
+        some_pack.release()
+        scratch.ELSEWHERE = None
+    assert {chain.path: chain.stage for chain in report.chains} == {
+        "some_pack.HOOKS['preview'].__self__": "probe", "memx_holders_scratch.ELSEWHERE['k']": "backward"}
+    assert triples(report) == triples(backward)
+    assert report.stages["backward"]["mode"] == "remaining" and report.complete
+    if SHORTCUT:   # only the model had a holder the probe did not see: the backward search climbed from it alone
+        assert (report.stages["probe"]["unexplained"], report.scans) == (1, 2)
+    assert report.search_summary()["found_by"] == {"probe": 1, "backward": 1}
+    del model
+    assert alive() is None
+
+
+def test_a_holder_of_an_object_on_the_probed_chain_is_found_too(some_pack, scratch):
+    """The holder the probe misses sits above the model: the backward search climbs from that object."""
+    model = FakeModel()
+    some_pack.hold("instance_dict", model)
+    scratch.ALSO = [some_pack.STATE]
+    try:
+        report = find_holders(model)
+        backward = find_holders(model, probe=False)
+    finally:
+        some_pack.release()
+        scratch.ALSO = None
+    assert {chain.path: chain.stage for chain in report.chains} == {
+        "some_pack.STATE.current": "probe", "memx_holders_scratch.ALSO[0].current": "backward"}
+    assert triples(report) == triples(backward)
+    assert report.stages["backward"]["mode"] == "remaining" and report.complete
+
+
+def test_a_reference_nobody_can_see_costs_a_scan_never_a_holder(some_pack):
+    model = FakeModel()
+    some_pack.hold("module_global", model)
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(model))
+    try:
+        report = find_holders(model)
+    finally:
+        ctypes.pythonapi.Py_DecRef(ctypes.py_object(model))
+        some_pack.release()
+    assert [(chain.path, chain.stage) for chain in report.chains] == [("some_pack.CURRENT", "probe")]
+    assert report.stages["backward"]["mode"] == "remaining" and report.complete
+    if SHORTCUT:
+        assert (report.stages["probe"]["unexplained"], report.scans) == (1, 1)
+
+
+def test_a_thread_holding_a_probed_model_is_named_by_the_probe(some_pack):
+    model = FakeModel()
+    holding, finish = threading.Event(), threading.Event()
+    some_pack.hold("module_global", model)
+    worker = threading.Thread(target=_worker, args=([model], holding, finish), name="memx-probe-worker")
+    worker.start()
+    try:
+        assert holding.wait(30)
+        report = find_holders(model)
+    finally:
+        finish.set()
+        worker.join(30)
+        some_pack.release()
+    assert {chain.path: (chain.root_kind, chain.stage) for chain in report.chains} == {
+        "some_pack.CURRENT": (ROOT_MODULE_GLOBAL, "probe"),
+        f"thread 'memx-probe-worker' frame {__name__}._worker local 'model'": (ROOT_THREAD_FRAME, "probe")}
+    assert report.stages["backward"]["mode"] == PROBE_ALONE
+
+
+def test_a_model_the_probe_cannot_reach_is_searched_from_scratch(scratch):
+    model = FakeModel()
+    alive = weakref.ref(model)
+    scratch.model = model
+    report = find_holders(model)
+    assert [(chain.path, chain.stage) for chain in report.chains] == [("memx_holders_scratch.model", "backward")]
+    assert report.stages["probe"]["reached"] is False and report.stages["backward"]["mode"] == "full"
+    scratch.model = None
+    del model
+    assert alive() is None
+
+
+def test_the_probe_does_not_enter_tensors(some_pack):
+    torch = pytest.importorskip("torch")
+    model = FakeModel()
+    tensor = torch.zeros(2)
+    tensor.owner = model                        # a tensor's own attribute: the probe stops at tensors
+    some_pack.CURRENT = tensor
+    del tensor
+    try:
+        report = find_holders(model)
+    finally:
+        some_pack.release()
+    (chain,) = report.chains
+    assert chain.path == "some_pack.CURRENT.owner"
+    assert chain.stage == "backward" and report.stages["probe"]["reached"] is False
+
+
+def test_no_probe_and_a_zero_probe_budget_are_the_backward_search_alone(some_pack):
+    model = FakeModel()
+    some_pack.hold("closure", model)
+    try:
+        reports = [find_holders(model, probe=False), find_holders(model, probe_budget_s=0.0)]
+    finally:
+        some_pack.release()
+    for report in reports:
+        assert [(chain.path, chain.stage) for chain in report.chains] == [
+            ("some_pack.CALLBACKS[0] -> closure 'model'", "backward")]
+        assert report.stages["backward"]["mode"] == "full" and "probe" not in report.stages
+
+
+def test_the_probe_respects_max_chains(some_pack):
+    model = FakeModel()
+    for kind in ("class_cache", "bound_method", "closure"):
+        some_pack.hold(kind, model)
+    try:
+        report = find_holders(model, max_chains=2)
+    finally:
+        some_pack.release()
+    assert (len(report.chains), report.complete, report.stopped_by) == (2, False, "max_chains")
+    assert {chain.stage for chain in report.chains} == {"probe"}
+
+
+def test_a_chain_that_no_longer_holds_is_not_reported_by_the_probe(some_pack, monkeypatch):
+    """Each reference of a probe chain is checked again; a changed graph leaves the model to the backward search."""
+    from comfy_memx.leaks.holders import probe as probe_module
+    model = FakeModel()
+    some_pack.hold("closure", model)
+    monkeypatch.setattr(probe_module, "_holds", lambda holder, child: False)
+    try:
+        report = find_holders(model)
+    finally:
+        some_pack.release()
+    assert [(chain.path, chain.stage) for chain in report.chains] == [
+        ("some_pack.CALLBACKS[0] -> closure 'model'", "backward")]
+    assert report.stages["backward"]["mode"] == "full"
+
+
+def test_a_failing_probe_leaves_the_search_to_the_backward_stage(some_pack, monkeypatch):
+    from comfy_memx.core.state import STATE
+    from comfy_memx.leaks.holders import probe as probe_module
+
+    def broken(self, deadline):
+        raise RuntimeError("probe bug")
+
+    monkeypatch.setattr(probe_module.Probe, "_walk", broken)
+    STATE.errors.raise_internal = False
+    model = FakeModel()
+    alive = weakref.ref(model)
+    some_pack.hold("bound_method", model)
+    try:
+        report = find_holders(model)
+    finally:
+        some_pack.release()
+    assert [(chain.path, chain.stage) for chain in report.chains] == [
+        ("some_pack.HOOKS['preview'].__self__", "backward")]
+    del model
+    assert alive() is None
+
+
+def test_the_probe_holds_nothing_after_the_search(some_pack, scratch):
+    """Whatever path the search takes (probe alone, probe then backward), nothing it met is kept."""
+    model = FakeModel()
+    alive = weakref.ref(model)
+    some_pack.hold("instance_dict", model)
+    state_refs = sys.getrefcount(some_pack.STATE)
+    scratch.extra = None
+    assert find_holders(model).stages["backward"]["mode"] == PROBE_ALONE
+    scratch.extra = [model]
+    assert find_holders(model).stages["backward"]["mode"] == "remaining"
+    scratch.extra = None
+    now = sys.getrefcount(some_pack.STATE)   # outside the assert: pytest's rewriting keeps its operands in locals
+    assert now == state_refs, "an object on the chain is still referenced"
+    some_pack.release()
+    del model
+    assert alive() is None
+
+
+def test_the_interpreter_counts_references_as_the_probe_expects():
+    assert refcount_calibrated() is (sys.version_info >= (3, 11))
+
+
+def test_the_search_summary_is_json_with_each_stage(some_pack):
+    model = FakeModel()
+    some_pack.hold("lru_cache", model)
+    try:
+        report = find_holders(model)
+    finally:
+        some_pack.release()
+    summary = json.loads(json.dumps(report.search_summary()))
+    assert summary["found_by"] == {"probe": 1, "backward": 0} and summary["complete"] is True
+    assert summary["stages"]["probe"]["phases"] == (["packages"] if SHORTCUT else ["packages", "core"])
+    assert summary["stages"]["backward"]["mode"] == PROBE_ALONE and summary["stages"]["backward"]["chains"] == 0
+    assert "(module_global, probe)" in str(report) and f"backward search {PROBE_ALONE}" in str(report)

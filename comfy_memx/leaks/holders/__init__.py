@@ -7,9 +7,13 @@ leak with model ...".  The two stages need different evidence:
 
 * before the collect, :func:`capture_cycle` records the reference cycle that holds the module (the collect
   destroys it); if the collect then frees the module, that is the report (stage ``cycle``);
-* after the collect, :func:`find_holders` walks from the module back to its roots (module globals, class
+* after the collect, :func:`find_holders` names the roots that keep the module alive (module globals, class
   attributes, live threads' local variables, objects only C code holds) and writes each chain as an access
-  path with the custom-node package that owns the root (stage ``rooted``).
+  path with the custom-node package that owns the root (stage ``rooted``).  It first probes *forward* from the
+  suspects, the custom-node packages and ComfyUI's long-lived objects (:mod:`~comfy_memx.leaks.holders.probe`,
+  no heap scan); the backward search from the module runs only for the holders the probe could not name (seeded
+  with what the probe found), or from scratch when the probe did not reach the module.  Each chain says which
+  stage found it (``HolderChain.stage``), and ``HolderReport.stages`` has the figures of both.
 
 :func:`investigate` runs both around a collect.  The search is bounded by time and depth, runs
 ``gc.get_referrers`` once per level (never ``gc.collect``), holds models only while it runs, and never calls a
@@ -36,9 +40,10 @@ from comfy_memx.leaks.holders.cycles import describe_cycle, find_cycle
 from comfy_memx.leaks.holders.labels import (attr_text, class_module, describe, dict_keys_of, function_name,
                                        render_labels, safe_repr, type_name)
 from comfy_memx.leaks.holders.packages import display_module_name, module_namespace, package_of
+from comfy_memx.leaks.holders.probe import STAGE_BACKWARD, STAGE_PROBE, GraphChanged, Probe, core_watch_types
 from comfy_memx.leaks.holders.reports import CycleReport, HolderChain, HolderReport, to_dot
 from comfy_memx.leaks.holders.search import (ROOT_C_REGISTRY, ROOT_CLASS_ATTRIBUTE, ROOT_MODULE_GLOBAL,
-                                       ROOT_THREAD_FRAME, Search, frames_to_skip)
+                                       ROOT_THREAD_FRAME, Search, ThreadLocals, _module_dicts, frames_to_skip)
 
 __all__ = [
     "find_holders", "capture_cycle", "investigate", "safe_repr", "package_of", "to_dot",
@@ -49,13 +54,15 @@ __all__ = [
 DEFAULT_BUDGET_S = 2.0
 DEFAULT_MAX_DEPTH = 20
 DEFAULT_MAX_CHAINS = 10
+DEFAULT_PROBE_BUDGET_S = 0.05  # at most this, and at most a tenth of the search's budget
 
 _NO_HOLDER_NOTE = ("no gc-visible holder: the target is referenced only by the skipped calling frames, by "
                    "ignored objects, or from C code")
 
 
 def find_holders(target, *, budget_s=DEFAULT_BUDGET_S, max_depth=DEFAULT_MAX_DEPTH,
-                 max_chains=DEFAULT_MAX_CHAINS, ignore=(), comfy_root=None, ignore_frames_up_to=1):
+                 max_chains=DEFAULT_MAX_CHAINS, ignore=(), comfy_root=None, ignore_frames_up_to=1, probe=True,
+                 probe_budget_s=None):
     """Find the reference chains that keep ``target`` alive, each from a root, shortest first.
 
     ``budget_s`` bounds the time (a search that runs out reports what it found with ``complete=False``;
@@ -70,6 +77,10 @@ def find_holders(target, *, budget_s=DEFAULT_BUDGET_S, max_depth=DEFAULT_MAX_DEP
     this call out to that one).  Frames further out are searched like other threads' frames, because a real
     holder can sit there (a prompt worker's local variable); so the caller should hold only the target.
 
+    ``probe`` (default True) runs the forward probe first (see :mod:`comfy_memx.leaks.holders.probe`), within
+    ``probe_budget_s`` (default: the smaller of 50 ms and a tenth of ``budget_s``); ``probe=False`` is the
+    backward search alone.  The chains are the same either way; each says which stage found it.
+
     Returns a :class:`HolderReport`; the search keeps no reference to anything it visited.
 
     Example::
@@ -78,9 +89,14 @@ def find_holders(target, *, budget_s=DEFAULT_BUDGET_S, max_depth=DEFAULT_MAX_DEP
         "some_pack.HOOKS['preview'].__self__"
 
     .. versionadded:: 0.1
+    .. versionchanged:: 0.2 the forward probe (``probe``, ``probe_budget_s``; ``HolderChain.stage``).
     """
     skipped = frames_to_skip(sys._getframe(), ignore_frames_up_to)
-    return _find_holders(target, skipped, budget_s, max_depth, max_chains, ignore, comfy_root)
+    if not probe:
+        probe_budget_s = 0.0
+    elif probe_budget_s is None:
+        probe_budget_s = min(DEFAULT_PROBE_BUDGET_S, max(0.0, float(budget_s)) / 10)
+    return _find_holders(target, skipped, budget_s, max_depth, max_chains, ignore, comfy_root, probe_budget_s)
 
 
 def capture_cycle(target, *, budget_s=DEFAULT_BUDGET_S, max_depth=DEFAULT_MAX_DEPTH, ignore=(), comfy_root=None,
@@ -118,6 +134,7 @@ def investigate(target_refs, collect, *, budget_s=DEFAULT_BUDGET_S, max_depth=DE
     .. versionadded:: 0.1
     """
     skipped = frames_to_skip(sys._getframe(), ignore_frames_up_to)
+    probe_budget_s = min(DEFAULT_PROBE_BUDGET_S, max(0.0, float(budget_s)) / 10)
     captured = []
     for ref in target_refs:
         target = ref()
@@ -132,7 +149,8 @@ def investigate(target_refs, collect, *, budget_s=DEFAULT_BUDGET_S, max_depth=DE
             cycle.collected = True
             reports.append(cycle)
         else:
-            reports.append(_find_holders(target, skipped, budget_s, max_depth, max_chains, ignore, comfy_root))
+            reports.append(_find_holders(target, skipped, budget_s, max_depth, max_chains, ignore, comfy_root,
+                                         probe_budget_s))
         del target
     return reports
 
@@ -141,30 +159,117 @@ def _ids(objects):
     return {id(obj) for obj in objects}
 
 
-def _find_holders(target, skipped, budget_s, max_depth, max_chains, ignore, comfy_root):
+def _find_holders(target, skipped, budget_s, max_depth, max_chains, ignore, comfy_root, probe_budget_s):
+    """The probe, then the backward search for what it left (or from scratch); see the module docstring.
+
+    The target is held by this frame and by :func:`_probe`'s while the probe runs (the two references it is told
+    are the search's own, ``held_by_caller=2``) and in the stages' own containers, all emptied before returning.
+    A change here that holds the target in one more local, or passes it down one more call, must change that
+    number (tests/test_holders.py fails loudly: every probe then falls back to the backward search).
+    """
     started = time.perf_counter()
-    search, chains, target_text = None, [], type_name(type(target))
+    deadline = started + max(0.0, float(budget_s))
+    search, prober, chains, target_text = None, None, [], type_name(type(target))
+    stages, mode, stopped_by = {}, "full", None
     try:
-        search = Search(budget_s=budget_s, max_depth=max_depth, max_chains=max_chains, ignore_ids=_ids(ignore),
-                        skipped_frame_ids=skipped, record_edges=False, comfy_root=comfy_root)
-        search.run(target)
-        chains = _chains(search, comfy_root)
+        ignore_ids = _ids(ignore)
+        module_dicts = _module_dicts()
+        threads = ThreadLocals(skipped, comfy_root, core_watch_types() if probe_budget_s > 0 else ())
+        if probe_budget_s > 0:
+            prober = _probe(target, threads, module_dicts, ignore_ids, ignore, max_depth,
+                            min(probe_budget_s, max(0.0, budget_s)))
+            if prober is not None:
+                stages[STAGE_PROBE] = prober.stats()
+                if not prober.reached or not prober.entries:
+                    prober.release()   # nothing to build on: the backward search starts from the target
+                    prober = None
+                elif prober.complete or len(prober.entries) >= max_chains:
+                    mode = "skipped"
+        threads.watched.clear()
+        if mode != "skipped":
+            mode = "full" if prober is None else "remaining"
+            search = Search(budget_s=max(0.0, deadline - time.perf_counter()), max_depth=max_depth,
+                            max_chains=max_chains + (len(prober.entries) if prober is not None else 0),
+                            ignore_ids=ignore_ids, skipped_frame_ids=skipped, record_edges=False,
+                            comfy_root=comfy_root, threads=threads, module_dicts=module_dicts)
+            if prober is None:
+                search.run(target)
+            else:
+                search.own_ids.add(id(prober.seen))
+                search.run(target, prober.seeds())
+        if prober is not None:
+            chains = _probe_chains(prober, module_dicts, comfy_root)
+            if len(prober.entries) >= max_chains and mode == "skipped":
+                stopped_by = "max_chains"
+            elif prober.dropped_deep and mode == "skipped":
+                stopped_by = "depth"
+        if search is not None:
+            known = {chain.path for chain in chains}
+            chains += [chain for chain in _chains(search, comfy_root) if chain.path not in known]
+            stopped_by = search.stopped_by
+        chains.sort(key=lambda chain: chain.depth)
+        if len(chains) > max_chains:
+            del chains[max_chains:]
+            stopped_by = stopped_by or "max_chains"
         target_text = describe(target)
     except Exception as exc:
         _report_internal("holders.find", exc)
-        if search is not None:
-            search.stopped_by = "error"
+        stopped_by = "error"
     finally:
         del target
+        if prober is not None:
+            prober.release()
         if search is not None:
             search.release()
-    if search is None:
-        return HolderReport(target=target_text, chains=[], seconds=time.perf_counter() - started,
-                            objects_visited=0, scans=0, complete=False, stopped_by="error")
+    backward = {"mode": mode, "chains": sum(chain.stage == STAGE_BACKWARD for chain in chains)}
+    if search is not None:
+        backward.update(seconds=round(time.perf_counter() - search.started, 6), scans=search.scans,
+                        objects_visited=len(search.level), stopped_by=search.stopped_by)
+    stages[STAGE_BACKWARD] = backward
+    if STAGE_PROBE in stages:
+        stages[STAGE_PROBE]["chains"] = sum(chain.stage == STAGE_PROBE for chain in chains)
+    visited = stages.get(STAGE_PROBE, {}).get("objects_visited", 0) + backward.get("objects_visited", 0)
+    complete = stopped_by is None
     return HolderReport(
-        target=target_text, chains=chains, seconds=time.perf_counter() - started,
-        objects_visited=len(search.level), scans=search.scans, complete=search.complete,
-        stopped_by=search.stopped_by, note="" if chains or not search.complete else _NO_HOLDER_NOTE)
+        target=target_text, chains=chains, seconds=time.perf_counter() - started, objects_visited=visited,
+        scans=backward.get("scans", 0), complete=complete, stopped_by=stopped_by,
+        note="" if chains or not complete else _NO_HOLDER_NOTE, stages=stages)
+
+
+def _probe(target, threads, module_dicts, ignore_ids, ignore, max_depth, budget_s):
+    """Run the forward probe; ``None`` when it failed (a bug of ours, or the graph changed under it)."""
+    prober = Probe(threads=threads, module_dicts=module_dicts, ignore_ids=ignore_ids, max_depth=max_depth)
+    try:
+        # While it runs, the target is held by this frame's argument and by _find_holders's.
+        prober.run(target, budget_s=budget_s, ignore=ignore, held_by_caller=2)
+    except GraphChanged:
+        prober.release()
+        return None
+    except Exception as exc:
+        prober.release()
+        _report_internal("holders.probe", exc)
+        return None
+    finally:
+        del target
+    return prober
+
+
+def _probe_chains(prober, module_dicts, comfy_root):
+    """Label the probe's chains exactly as :func:`_chains` labels the backward search's."""
+    chains, paths = [], set()
+    for depth, kind, root_id, start_id, prefix, package in prober.entries:
+        objs = prober.objects(prober.chain_ids(root_id, start_id))
+        try:
+            for path, owner in _paths(module_dicts, kind, root_id, objs, prefix, package, comfy_root):
+                if path not in paths:
+                    paths.add(path)
+                    chains.append(HolderChain(path=path, package=owner or "?", root_kind=kind, depth=depth,
+                                              stage=STAGE_PROBE))
+        except Exception as exc:
+            _report_internal("holders.label", exc)
+        finally:
+            objs.clear()
+    return chains
 
 
 def _capture_cycle(target, skipped, budget_s, max_depth, ignore, comfy_root):
@@ -212,11 +317,11 @@ def _chains(search, comfy_root):
     for kind, root_id, start_id, prefix, package in search.roots:
         objs = search.chain_objects(root_id, start_id)
         try:
-            for path, owner in _paths(search, kind, root_id, objs, prefix, package, comfy_root):
+            for path, owner in _paths(search.module_dicts, kind, root_id, objs, prefix, package, comfy_root):
                 if path not in paths:
                     paths.add(path)
                     chains.append(HolderChain(path=path, package=owner or "?", root_kind=kind,
-                                              depth=len(objs) - 1))
+                                              depth=len(objs) - 1, stage=STAGE_BACKWARD))
         except Exception as exc:
             _report_internal("holders.label", exc)
         finally:
@@ -224,13 +329,13 @@ def _chains(search, comfy_root):
     return chains
 
 
-def _paths(search, kind, root_id, objs, prefix, package, comfy_root):
+def _paths(module_dicts, kind, root_id, objs, prefix, package, comfy_root):
     """The access path(s) of one chain (one per key when a module holds the object under several names)."""
     first = objs[0]
     if kind == ROOT_THREAD_FRAME:
         return [(prefix + render_labels(objs), package)]
     if kind == ROOT_MODULE_GLOBAL:
-        name = search.module_dicts.get(root_id)
+        name = module_dicts.get(root_id)
         if name is None:
             name = module_namespace(first).get("__name__")
             return [(display_module_name(name) + render_labels(objs), package_of(first, comfy_root))]

@@ -144,8 +144,9 @@ def package_of(module_or_file, comfy_root=None):
     return "?"
 
 
-def _package_of_file(path, module_name, comfy_root):
-    for directory in _custom_node_dirs():
+def _custom_node_part(path, dirs):
+    """The custom-node package of a normalised file path (see :func:`package_of`), or ``None``."""
+    for directory in dirs:
         part = _first_part_under(path, directory)
         if part is not None:
             return _strip_py(part)
@@ -154,6 +155,44 @@ def _package_of_file(path, module_name, comfy_root):
         index = parts.index("custom_nodes")
         if index + 1 < len(parts) - 1 or (index + 1 == len(parts) - 1 and parts[-1].endswith(".py")):
             return _strip_py(parts[index + 1])
+    return None
+
+
+def custom_node_modules():
+    """``[(name, module, package)]`` for every module in ``sys.modules`` loaded from a custom-node directory.
+
+    A module counts when its ``__file__`` lies in a directory named ``custom_nodes`` or in one of ComfyUI's
+    configured custom-node paths, as for :func:`package_of`; ``package`` is the name :func:`package_of` gives it.
+    Reads only ``sys.modules`` and module ``__dict__`` entries (no module attribute hook runs); a module registered
+    under several names is listed once, under its own ``__name__`` when that is one of them.
+
+    .. versionadded:: 0.2
+    """
+    dirs = _custom_node_dirs()
+    heads = tuple(dirs)
+    found = {}
+    for name, module in list(sys.modules.items()):
+        if not isinstance(module, ModuleType):
+            continue
+        namespace = module_namespace(module)
+        path = namespace.get("__file__")
+        if not isinstance(path, str) or not path:
+            continue
+        if "custom_nodes" not in path and not (heads and os.path.normcase(path).startswith(heads)):
+            continue  # the cheap test first: almost every module fails it
+        package = _custom_node_part(_norm(path), dirs)
+        if package is None:
+            continue
+        key = id(namespace)
+        if key not in found or namespace.get("__name__") == name:
+            found[key] = (name, module, package)
+    return list(found.values())
+
+
+def _package_of_file(path, module_name, comfy_root):
+    package = _custom_node_part(path, _custom_node_dirs())
+    if package is not None:
+        return package
     root = comfy_root if comfy_root is not None else default_comfy_root()
     if root and _first_part_under(path, _norm(root)) is not None:
         return CORE

@@ -18,13 +18,16 @@ class HolderChain:
     ``path`` is a Python-like access path (``some_pack.model.QwenImageModel._cache['k']``); ``package`` is the
     custom-node package, ``core`` or top-level package owning the root; ``root_kind`` is one of
     ``module_global``, ``class_attribute``, ``thread_frame``, ``c_registry``; ``depth`` counts the references
-    from the root object to the target.
+    from the root object to the target.  ``stage`` says which stage of the search found it: ``probe`` (the forward
+    walk from the custom-node packages and ComfyUI's long-lived objects) or ``backward`` (the heap-scanning search
+    from the target).
     """
 
     path: str
     package: str
     root_kind: str
     depth: int
+    stage: str = "backward"
 
 
 @dataclasses.dataclass
@@ -33,6 +36,13 @@ class HolderReport:
 
     ``complete`` is False when the time budget, ``max_depth`` or ``max_chains`` cut the search short
     (``stopped_by`` names which); the chains found until then are still listed, shortest first.
+
+    ``stages`` has the figures of each stage: ``probe`` (``seconds``, ``objects_visited``, ``reached``: whether
+    the forward walk met the target, ``unexplained``: how many objects it connected to the target still had a
+    holder it did not see, ``chains``, ``stopped_by``, ...) and ``backward`` (``mode``: ``skipped`` when the probe
+    named every holder, ``remaining`` when it climbed only from what the probe could not explain, ``full`` when
+    it searched from the target as without a probe; ``seconds``, ``scans``, ``objects_visited``, ``chains``).
+    ``objects_visited`` and ``scans`` above are the totals of both.
     """
 
     target: str
@@ -44,6 +54,7 @@ class HolderReport:
     stopped_by: str = None
     note: str = ""
     stage: str = STAGE_ROOTED
+    stages: dict = dataclasses.field(default_factory=dict)
 
     def as_dict(self):
         """The report as JSON-ready builtins."""
@@ -53,12 +64,22 @@ class HolderReport:
         """The report as one JSON document (a string)."""
         return json.dumps(self.as_dict(), sort_keys=True)
 
+    def search_summary(self):
+        """The search's figures as JSON-ready builtins (a leak event's ``search`` object), stage by stage."""
+        return {"seconds": round(self.seconds, 4), "objects_visited": self.objects_visited, "scans": self.scans,
+                "complete": self.complete, "stopped_by": self.stopped_by,
+                "found_by": {stage: sum(chain.stage == stage for chain in self.chains)
+                             for stage in ("probe", "backward")},
+                "stages": json.loads(json.dumps(self.stages))}
+
     def lines(self):
         """Human-readable log lines: a summary, then one line per chain."""
         state = "complete" if self.complete else f"incomplete ({self.stopped_by})"
+        backward = (self.stages.get("backward") or {}).get("mode")
+        how = f", backward search {backward}" if backward else ""
         head = (f"{self.target} is held by {len(self.chains)} chain(s); search {state}, "
-                f"{self.objects_visited} objects, {self.scans} heap scans, {self.seconds * 1000:.0f} ms")
-        body = [f"  [{chain.package}] {chain.path}  ({chain.root_kind})" for chain in self.chains]
+                f"{self.objects_visited} objects, {self.scans} heap scans, {self.seconds * 1000:.0f} ms{how}")
+        body = [f"  [{chain.package}] {chain.path}  ({chain.root_kind}, {chain.stage})" for chain in self.chains]
         if self.note:
             body.append(f"  note: {self.note}")
         return [head] + body

@@ -11,6 +11,11 @@ runs; :meth:`Search.release` drops them all, and the public functions always cal
 that holds a found object may exist while ``gc.get_referrers`` runs, except the ones whose ids are in
 ``Search.own_ids`` (the ``seen`` dict, the frontier lists and backlog, the search itself); everything else
 the search records is ids and strings.
+
+After a forward probe (:mod:`comfy_memx.leaks.holders.probe`) that reached the target, the search can be *seeded*
+(:meth:`Search.run` with ``seeds``): the objects the probe already connected to the target are known, with their
+level and the reference that leads on, and the search climbs only from those that still have a holder the probe
+did not see.
 """
 
 import gc
@@ -27,6 +32,9 @@ ROOT_THREAD_FRAME = "thread_frame"
 ROOT_C_REGISTRY = "c_registry"
 
 _CO_OPTIMIZED = 0x1  # inspect.CO_OPTIMIZED: a function frame; module and class bodies use a real namespace dict
+# inspect.CO_GENERATOR | CO_COROUTINE | CO_ITERABLE_COROUTINE | CO_ASYNC_GENERATOR: the frame's locals belong to a
+# generator object, whose gc traversal shows them as well (they must not be counted twice).
+_CO_OWNED_BY_GENERATOR = 0x20 | 0x80 | 0x100 | 0x200
 _SIMPLE = frozenset({str, int, float, bool, bytes, complex, type(None)})
 _FIRST_PER_ITEM = 0.06  # extra cost of one more object in a get_referrers call, in single scans
 
@@ -75,13 +83,23 @@ class ThreadLocals:
     exactly that window under a debugger, so its snapshot is left alone and its id is recorded in
     ``snapshot_ids`` for the search to skip; it keeps that frame's values of the moment alive until that
     frame's locals are read again or it returns.
+
+    ``direct`` counts, per object, the strong references that live frames hold and the gc cannot see: one per
+    plain local variable of a frame that is not a generator's (a closure variable is held by its cell, a
+    generator's locals by the generator, both visible to the gc), plus one per entry of a snapshot left in place.
+    The forward probe uses it to tell whether it has seen every holder of an object.  ``watched`` collects the
+    local values whose exact type is in ``watch_types`` (ComfyUI's executor, which lives only in a worker
+    thread's frame); whoever reads it must clear it before a heap scan.
     """
 
-    def __init__(self, skipped_ids, comfy_root):
+    def __init__(self, skipped_ids, comfy_root, watch_types=()):
         self.by_object = {}      # id(value) -> [(root prefix, package), ...]
         self.caller_held = set()
         self.snapshot_ids = set()
         self.frame_ids = set()   # every frame on a live thread's stack
+        self.direct = {}         # id(value) -> strong references from live frames that the gc does not show
+        self.watched = []
+        self._watch_ids = {id(cls) for cls in watch_types}
         names = {thread.ident: thread.name for thread in threading.enumerate()}
         me = threading.get_ident()
         frames = sys._current_frames()
@@ -119,6 +137,7 @@ class ThreadLocals:
             values = list(local_vars.items())
         except Exception:
             values = []
+        self._count_direct(frame.f_code, values)
         if skipped:
             self.caller_held.update(id(value) for _, value in values)
         else:
@@ -130,13 +149,25 @@ class ThreadLocals:
                 if package is None:
                     package = package_of(sys.modules.get(module) or frame.f_code.co_filename, comfy_root)
                 self.by_object.setdefault(id(value), []).append((f"{label} local {name!r}", package))
-        values.clear()
+                if self._watch_ids and id(type(value)) in self._watch_ids:
+                    self.watched.append(value)
         if type(local_vars) is dict and sys.version_info < (3, 13):
             # frame slot + our local + getrefcount's argument: nobody else uses this snapshot.
             if calling_thread and sys.getrefcount(local_vars) <= 3:
                 local_vars.clear()
             else:
                 self.snapshot_ids.add(id(local_vars))
+                for _, value in values:  # the snapshot stays and holds one more reference per entry
+                    self.direct[id(value)] = self.direct.get(id(value), 0) + 1
+        values.clear()
+
+    def _count_direct(self, code, values):
+        if code.co_flags & _CO_OWNED_BY_GENERATOR:
+            return
+        in_cells = frozenset(code.co_cellvars) | frozenset(code.co_freevars)
+        for name, value in values:
+            if name not in in_cells and type(value) not in _SIMPLE:
+                self.direct[id(value)] = self.direct.get(id(value), 0) + 1
 
 
 def _is_search_frame(obj):
@@ -180,7 +211,7 @@ class Search:
                  "depth", "target_id")
 
     def __init__(self, *, budget_s, max_depth, max_chains, ignore_ids, skipped_frame_ids, record_edges,
-                 comfy_root):
+                 comfy_root, threads=None, module_dicts=None):
         self.started = time.perf_counter()
         self.deadline = self.started + max(0.0, float(budget_s))
         self.max_depth = int(max_depth)
@@ -202,8 +233,8 @@ class Search:
         self.stopped_by = None
         self.depth = 0
         self.target_id = None
-        self.module_dicts = _module_dicts()
-        self.threads = ThreadLocals(skipped_frame_ids, comfy_root)
+        self.module_dicts = _module_dicts() if module_dicts is None else module_dicts
+        self.threads = ThreadLocals(skipped_frame_ids, comfy_root) if threads is None else threads
         self.own_ids = {id(self), id(self.seen), id(self.frontier), id(self.upcoming), id(self.backlog)}
         self.own_ids.update(self.threads.snapshot_ids)
         # Frames on a live stack are reported through ThreadLocals (or skipped); on CPython 3.10 the gc also
@@ -215,14 +246,32 @@ class Search:
         """True when every holder path ended at a root or an ignored object within the limits."""
         return self.stopped_by is None
 
-    def run(self, target):
-        """Search until nothing is left to expand or a limit (time, depth, number of chains) is reached."""
+    def run(self, target, seeds=None):
+        """Search until nothing is left to expand or a limit (time, depth, number of chains) is reached.
+
+        ``seeds`` (from a forward probe that reached the target) is ``(known, resume)``: ``known`` a list of
+        ``(object, level, child_id)`` for the objects already connected to the target (not searched again, their
+        thread roots already reported), ``resume`` the objects (among them, or the target) whose holders are still
+        to be found.  Both lists are emptied here, before the first heap scan, so that they hold nothing then.
+        """
         self.target_id = id(target)
         self.seen[self.target_id] = target
         self.level[self.target_id] = 0
-        self._note_thread_roots(self.target_id)
-        self.frontier.append(target)
-        del target
+        if seeds is None:
+            self._note_thread_roots(self.target_id)
+            self.frontier.append(target)
+        else:
+            known, resume = seeds
+            for obj, level, child_id in known:
+                obj_id = id(obj)
+                self.seen[obj_id] = obj
+                self.level[obj_id] = level
+                self.child[obj_id] = child_id
+            obj = None
+            known.clear()
+            self.backlog.extend(resume)
+            resume.clear()
+        del target, seeds
         while self.frontier or self._resume_backlog():
             if self.depth >= self.max_depth:
                 self._stop("depth")
@@ -250,6 +299,7 @@ class Search:
         self.upcoming.clear()
         self.backlog.clear()
         self.seen.clear()
+        self.threads.watched.clear()
 
     def _stop(self, reason):
         if self.stopped_by is None:

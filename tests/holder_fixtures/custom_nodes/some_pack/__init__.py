@@ -5,6 +5,7 @@ The tests import it as ComfyUI does, under its directory path as the module name
 """
 
 import functools
+import threading
 
 from . import model
 
@@ -15,6 +16,10 @@ SEEN = set()
 BY_MODEL = {}
 LAST_ERROR = []
 GENERATORS = []
+HOSTILE = []
+BIG = []
+TLS = threading.local()
+CURRENT = None
 _PENDING = {}
 
 
@@ -30,6 +35,27 @@ class SlotState:
 class Wrapper:
     def __init__(self, wrapped):
         self.model = wrapped
+
+
+class HostileHolder:
+    """Every hook a careless search would call raises (the object itself stays usable through object's own)."""
+
+    def __init__(self, held):
+        object.__setattr__(self, "held", held)
+
+    def __getattribute__(self, name):
+        raise RuntimeError(f"hostile __getattribute__({name})")
+
+    def __getattr__(self, name):
+        raise RuntimeError(f"hostile __getattr__({name})")
+
+    def __repr__(self):
+        raise RuntimeError("hostile __repr__")
+
+    def __eq__(self, other):
+        raise RuntimeError("hostile __eq__")
+
+    __hash__ = object.__hash__
 
 
 STATE = State()
@@ -90,6 +116,16 @@ def hold(kind, obj):
         stream = _stream(obj)
         next(stream)
         GENERATORS.append(stream)
+    elif kind == "module_global":
+        global CURRENT
+        CURRENT = obj
+    elif kind == "thread_local":
+        TLS.model = obj
+    elif kind == "hostile":
+        HOSTILE.append({HostileHolder(None): HostileHolder(obj)})
+    elif kind == "huge_list":
+        BIG.extend([None] * 1_000_000)
+        BIG.append(obj)
     else:
         raise ValueError(kind)
 
@@ -97,9 +133,12 @@ def hold(kind, obj):
 def release():
     """Forget every object ``hold`` kept."""
     model.QwenImageModel._cache.clear()
-    for container in (HOOKS, CALLBACKS, RECENT, SEEN, BY_MODEL, LAST_ERROR, GENERATORS, _PENDING):
+    global CURRENT
+    for container in (HOOKS, CALLBACKS, RECENT, SEEN, BY_MODEL, LAST_ERROR, GENERATORS, HOSTILE, BIG, _PENDING):
         container.clear()
     load_model.cache_clear()
     STATE.current = None
+    CURRENT = None
+    TLS.__dict__.clear()
     if hasattr(SLOTS, "model"):
         del SLOTS.model
