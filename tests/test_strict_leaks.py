@@ -12,6 +12,7 @@ import weakref
 import pytest
 
 from comfy_memx.core.state import STATE
+from comfy_memx.leaks import patterns
 from comfy_memx.leaks import watch as leakwatch
 from comfy_memx.ledger import attribution
 from fake_comfy.loader import shape_root
@@ -179,6 +180,10 @@ HOLD = {
 }
 
 
+PATTERN = {"dict_key": "module_registry", "bound_method": "callback_registry", "closure": "closure",
+           "hostile_holder": "module_registry", "huge_list": "module_registry", "lru_cache": "lru_cache"}
+
+
 @pytest.mark.parametrize("kind", sorted(HOLD))
 @pytest.mark.parametrize("strict", VERSIONS, indirect=True)
 def test_each_kind_of_holder_is_named_through_the_patch_path(strict, kind):
@@ -190,6 +195,9 @@ def test_each_kind_of_holder_is_named_through_the_patch_path(strict, kind):
     paths = [r["path"] for r in leak["referrers"]]
     assert any(path.startswith(expected) for path in paths), paths
     assert leak["search"]["complete"] is True
+    [named] = [r for r in leak["referrers"] if r["path"].startswith(expected)]
+    assert named["pattern"] == PATTERN[kind] and named["suggestion"] == patterns.SUGGESTIONS[PATTERN[kind]]
+    assert any(f"fix ({PATTERN[kind]}): " in line for line in leak_lines(caplog))
     pack.REGISTRY.clear()
     pack.KEEPERS.clear()
     pack.cached_lookup.cache_clear()
@@ -215,6 +223,7 @@ def test_model_held_only_by_a_cycle_is_reported_as_cycle_and_collected(strict):
     assert ".me" in lines[1] and "Keeper" in lines[1]
     leak = [e for e in read_events(events) if e["event"] == "leak"][0]
     assert leak["stage"] == "cycle" and leak["referrers"][0]["root_kind"] == "cycle"
+    assert leak["referrers"][0]["pattern"] == "reference_cycle"
 
 
 @pytest.mark.parametrize("strict", VERSIONS, indirect=True)
@@ -227,6 +236,7 @@ def test_thread_local_variable_is_a_root(strict):
         mm.cleanup_models_gc()
         chains = [e for e in read_events(events) if e["event"] == "leak"][0]["referrers"]
         assert [c["root_kind"] for c in chains] == ["thread_frame"]
+        assert chains[0]["pattern"] == "thread_frame" and "thread still holds it" in chains[0]["suggestion"]
         assert "holder-thread" in chains[0]["path"] and "'model'" in chains[0]["path"]
         assert chains[0]["package"] == "holder_pack"
     finally:

@@ -65,6 +65,7 @@ class EventReport:
         self.marks = {}       # (pid, model_id) -> [(time, "load" | "unload" | "leak", detail)]
         self.reloads = {}     # (cause, model class) -> {"reloads", "seconds", "bytes"}
         self.thrash = 0
+        self.leak_patterns = {}  # (package of the root, pattern) -> {"chains", "models", "suggestion"}
         self._resident = {}
 
     def add_line(self, line):
@@ -153,13 +154,21 @@ class EventReport:
         referrers = event.get("referrers") or []
         if not isinstance(referrers, list):
             raise TypeError("referrers")
-        chains = [{"path": str(r.get("path")), "package": r.get("package"), "root_kind": r.get("root_kind")}
+        chains = [{"path": str(r.get("path")), "package": r.get("package"), "root_kind": r.get("root_kind"),
+                   **({"pattern": r["pattern"], "suggestion": r.get("suggestion")} if r.get("pattern") else {})}
                   for r in referrers if isinstance(r, dict)]
         key, row = self._model(event, pid)
         if event.get("reason", "new") == "new":   # a later search of a known leak is not a new leak
             for tally in (row["tally"], self._package(row["package"])):
                 tally.leaks[stage] = tally.leaks.get(stage, 0) + 1
             self.marks.setdefault(key, []).append((when, "leak", stage))
+        for chain in chains:
+            if "pattern" not in chain:
+                continue
+            group = self.leak_patterns.setdefault((str(chain["package"] or "?"), chain["pattern"]),
+                                                  {"chains": 0, "models": set(), "suggestion": chain["suggestion"]})
+            group["chains"] += 1
+            group["models"].add(key)
         row["leak_reports"].append({"stage": stage, "time": when, "chains": chains,
                                     "reason": str(event.get("reason") or "new")})
 
@@ -197,9 +206,13 @@ class EventReport:
         reloads = [{"cause": cause, "model": model, "reloads": tally["reloads"],
                     "seconds": round(tally["seconds"], 3), "bytes": tally["bytes"]}
                    for (cause, model), tally in sorted(self.reloads.items(), key=lambda item: -item[1]["seconds"])]
+        patterns = [{"package": package, "pattern": pattern, "models": len(group["models"]),
+                     "chains": group["chains"], "suggestion": group["suggestion"]}
+                    for (package, pattern), group in sorted(self.leak_patterns.items())]
         return {"lines": self.lines, "events": self.events, "malformed_lines": self.malformed,
                 "other_events": self.other, "processes": len(pids), "seconds": round(span, 3),
-                "models": models, "packages": packages, "reload_causes": reloads, "thrash_warnings": self.thrash}
+                "models": models, "packages": packages, "reload_causes": reloads, "thrash_warnings": self.thrash,
+                "leak_patterns": patterns}
 
 
 def _count(value):
@@ -248,8 +261,16 @@ def format_text(report, path):
             lines.append(f"    leak ({leak['stage']}{again})" + ("" if leak["chains"] else ": no chains recorded"))
             for chain in leak["chains"]:
                 lines.append(f"      held by {chain['path']}  [package {chain['package']}, {chain['root_kind']}]")
+                if "pattern" in chain:
+                    lines.append(f"        fix ({chain['pattern']}): {chain['suggestion']}")
     if not data["models"]:
         lines.append("  (no model events)")
+    lines += ["", "leaks by package and holder pattern"]
+    for row in data["leak_patterns"]:
+        lines.append(f"  {row['package']}: {row['pattern']} ({row['models']} model(s), {row['chains']} chain(s))"
+                     f" - {row['suggestion']}")
+    if not data["leak_patterns"]:
+        lines.append("  (no classified holder chains)")
     lines += ["", "reload time by cause (an unload whose weights were loaded again later)"]
     for row in data["reload_causes"]:
         lines.append(f"  {row['cause']} caused {row['reloads']} reload(s) of {row['model']}, "

@@ -31,6 +31,7 @@ import time
 
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.state import STATE
+from comfy_memx.leaks import patterns
 from comfy_memx.ledger import attribution
 
 log = logging.getLogger("comfy_memx")
@@ -152,7 +153,7 @@ def _first_sighting(suspect, module, found, prompt_id, now, context):
             report = _search(record, module, found, context, reason="new")
     elif suspect.cycle is not None:
         report = suspect.cycle
-        record.leak["referrers"] = [{"path": report.text, "package": None, "root_kind": "cycle"}]
+        record.leak["referrers"] = [classified({"path": report.text, "package": None, "root_kind": "cycle"})]
         record.leak["search"] = _search_summary(report)
     if report is not None and STATE.config.leak_graph:
         _write_graph(record, stage, report)
@@ -247,8 +248,15 @@ def public_state(leak):
 
 
 def referrer_of(chain):
-    """The JSON form of one holder chain, as every surface shows it."""
-    return {"path": chain.path, "package": chain.package, "root_kind": chain.root_kind}
+    """The JSON form of one holder chain, as every surface shows it, with its pattern and the usual fix."""
+    return classified({"path": chain.path, "package": chain.package, "root_kind": chain.root_kind,
+                       "stage": getattr(chain, "stage", "backward")})
+
+
+def classified(referrer):
+    """``referrer`` with ``pattern`` and ``suggestion`` added (``leaks.patterns``)."""
+    referrer["pattern"], referrer["suggestion"] = patterns.classify(referrer)
+    return referrer
 
 
 def _ignored(found):
@@ -256,6 +264,8 @@ def _ignored(found):
 
 
 def _search_summary(report):
+    if hasattr(report, "search_summary"):  # a HolderReport: scans, found_by (probe/backward), the stages' figures
+        return report.search_summary()
     return {"seconds": round(report.seconds, 4), "objects_visited": report.objects_visited,
             "complete": report.complete}
 
@@ -293,6 +303,7 @@ def _log(record):
         log.info("comfy_memx: %s was held only by a reference cycle; ComfyUI's garbage collection freed it", who)
         for ref in referrers:
             log.info("comfy_memx:   cycle: %s", ref["path"])
+            log.info("comfy_memx:     fix (%s): %s", ref["pattern"], ref["suggestion"])
         return
     if STATE.config.leak_mode != "strict":
         log.warning("comfy_memx: leaked model %s; run with COMFY_MEMX_LEAK_MODE=strict to name what holds it", who)
@@ -306,6 +317,7 @@ def _log(record):
                 "" if not search or search.get("complete") else " (search incomplete: budget or depth ran out)", again)
     for ref in referrers:
         log.warning("comfy_memx:   %s  [package %s, %s]", ref["path"], ref["package"], ref["root_kind"])
+        log.warning("comfy_memx:     fix (%s): %s", ref["pattern"], ref["suggestion"])
     if not referrers:
         log.warning("comfy_memx:   no holder reachable by the garbage collector: it is held from C code or by an "
                     "object the search skips")
