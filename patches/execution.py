@@ -25,6 +25,7 @@ import sys
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.patching import Patch
 from comfy_memx.ledger import accounting, attribution, causes
+from comfy_memx.sharing import activity
 from comfy_memx.surface import freeing
 
 
@@ -39,6 +40,7 @@ def _begin(args, kwargs):
         prompt, prompt_id = _prompt_arguments(args, kwargs)
         attribution.begin_prompt(prompt_id, prompt)
         causes.note_prompt(prompt_id)
+        activity.prompt_started()
     except Exception as exc:
         internal_error("prompt attribution", exc)
 
@@ -53,6 +55,7 @@ def _memx_execute_async(module, original, switch):
                 return await original(self, *args, **kwargs)
             finally:
                 attribution.end_prompt()
+                activity.prompt_ended()
         return execute_async
 
     def execute_async_sync(self, *args, **kwargs):
@@ -63,6 +66,7 @@ def _memx_execute_async(module, original, switch):
             return original(self, *args, **kwargs)
         finally:
             attribution.end_prompt()
+            activity.prompt_ended()
     return execute_async_sync
 
 

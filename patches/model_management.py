@@ -21,6 +21,7 @@ from comfy_memx.core.state import STATE
 from comfy_memx.leaks import watch as leakwatch
 from comfy_memx.ledger import accounting
 from comfy_memx.pins import api as pins
+from comfy_memx.sharing import handoff
 
 
 def _memx_load_models_gpu(mm, original, switch):
@@ -36,6 +37,11 @@ def _memx_load_models_gpu(mm, original, switch):
         before = _loaded_refs(mm)
         # ComfyUI's own list object goes to the load scope; no local of ours holds it (nor the models)
         scope = accounting.begin_load_scope(args[0] if args else kwargs.get("models", ()), sys._getframe(1))
+        if STATE.config.handoff == "host":
+            try:
+                handoff.before_load(mm, scope.models)
+            except Exception as exc:
+                internal_error("GPU hand-off", exc)
         loads = load_stack() if STATE.publish_loads else None
         if loads is not None:
             loads.append(load_call(scope.models))

@@ -12,6 +12,8 @@ Settings: ``COMFY_MEMX_DISABLE=server`` (no routes, no metrics), ``COMFY_MEMX_LE
 each survivor in a /memx/free receipt).
 """
 
+import sys
+
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.patching import Patch
 
@@ -22,10 +24,19 @@ def _memx_add_routes(module, original, switch):
             try:
                 from comfy_memx.surface import routes
                 routes.register(self)
+                _start_services(self)
             except Exception as exc:
                 internal_error("registering comfy_memx routes", exc)
         return original(self, *args, **kwargs)
     return add_routes
+
+
+def _start_services(server):
+    """The server's background services: the idle unload and the GPU hand-off registration (when configured)."""
+    from comfy_memx.sharing import handoff, idle
+    idle.start(server.prompt_queue)
+    cli_args = sys.modules.get("comfy.cli_args")
+    handoff.start_safely(getattr(getattr(cli_args, "args", None), "port", None))
 
 
 class ServerPatch(Patch):

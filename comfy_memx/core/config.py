@@ -23,6 +23,7 @@ LEAK_MODES = ("off", "report", "strict")
 
 PATCH_NAMES = patch_names()
 PIN_SCOPES = ("process", "host")
+HANDOFF_SCOPES = ("off", "host")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +124,13 @@ def _prompt_count(text):
     return value
 
 
+def _non_negative_seconds(text):
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(text)
+    return value
+
+
 def _positive_seconds(text):
     value = float(text)
     if not math.isfinite(value) or value <= 0:
@@ -146,6 +154,13 @@ SETTINGS = (
             "Strict mode: write a Graphviz .dot file per leak there (and a PNG when a `dot` binary exists)."),
     Setting("COMFY_MEMX_LEAK_FAIL", "leak_fail", _bool, False, "1/true/yes/on or 0/false/no/off",
             "Launcher: exit with status 3 at shutdown if a rooted leak was found (for custom-node CI)."),
+    Setting("COMFY_MEMX_IDLE_UNLOAD", "idle_unload", _non_negative_seconds, 0.0, "seconds >= 0 (0: off)",
+            "Once ComfyUI's queue has been empty this long, ask its worker to unload the models (as /memx/free)."),
+    Setting("COMFY_MEMX_HANDOFF", "handoff", _choice(HANDOFF_SCOPES), "off", ", ".join(HANDOFF_SCOPES),
+            "host: instances on this host register themselves, and a load short of device memory asks the idle "
+            "peers on the same device to unload first."),
+    Setting("COMFY_MEMX_HANDOFF_WAIT", "handoff_wait", _positive_seconds, 15.0, "seconds > 0",
+            "How long a load waits in all for peers to unload (COMFY_MEMX_HANDOFF=host)."),
     Setting("COMFY_MEMX_TRIM", "trim", _bool, True, "1/true/yes/on or 0/false/no/off",
             "/memx/free: return the C allocator's free pages to the kernel (glibc malloc_trim) and report the bytes."),
     Setting("COMFY_MEMX_THRASH_PROMPTS", "thrash_prompts", _prompt_count, 3, "a whole number >= 0 (0: off)",

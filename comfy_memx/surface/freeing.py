@@ -83,9 +83,9 @@ class WorkerRun:
 class FreeRequest:
     """One free request, from its flags to the worker's garbage-collection pass; holds no model."""
 
-    def __init__(self, queue, unload_models, free_memory, client=None):
+    def __init__(self, queue, unload_models, free_memory, origin=None):
         self.queue = queue
-        self.client = client          # who asked (the HTTP peer), for the unloads' requested_by
+        self.origin = origin or {"kind": "comfy_memx"}  # who asked: {"kind": "http", "client": ...} or comfy_memx's
         self.unload_models = unload_models
         self.free_memory = free_memory
         self.keys = tuple(name for name, wanted in zip(FLAGS, (unload_models, free_memory)) if wanted)
@@ -165,7 +165,7 @@ def _desk():
     return STATE.part(FreeDesk)
 
 
-def submit(queue, unload_models=True, free_memory=True, follow=True, client=None):
+def submit(queue, unload_models=True, free_memory=True, follow=True, origin=None):
     """Register a free request and set ComfyUI's flags for it on ``queue`` (its ``PromptQueue``), atomically with
     respect to the worker's ``get_flags``; returns the :class:`FreeRequest`.  Call :func:`end` when done with it.
 
@@ -173,7 +173,7 @@ def submit(queue, unload_models=True, free_memory=True, follow=True, client=None
     as ComfyUI's own ``/free`` does, and never withdrawn.
     """
     desk = _desk()
-    request = FreeRequest(queue, unload_models, free_memory, client)
+    request = FreeRequest(queue, unload_models, free_memory, origin)
     if not follow:
         for name in request.keys:
             queue.set_flag(name, True)
@@ -319,8 +319,11 @@ def _requested_by(reason):
     run = _my_run()
     if run is None:
         return None
-    return {"kind": "http", "route": "/memx/free",
-            "clients": sorted({request.client for request in run.requests if request.client})}
+    http = [request.origin for request in run.requests if request.origin.get("kind") == "http"]
+    if http:
+        return {"kind": "http", "route": http[0].get("route"),
+                "clients": sorted({origin["client"] for origin in http if origin.get("client")})}
+    return dict(run.requests[0].origin)
 
 
 def _install(desk):
@@ -415,7 +418,7 @@ def _memory(request, trim):
 def record_free(request, receipt_data):
     """Write the ``free`` event of a finished request: what was freed, survivors, and the memory figures."""
     run = request.run
-    STATE.events.emit("free", status=receipt_data["status"], client=request.client,
+    STATE.events.emit("free", status=receipt_data["status"], origin=request.origin,
                       request=receipt_data["request"], run=receipt_data["run"],
                       freed=len(receipt_data["freed"]), freed_bytes=receipt_data["freed_bytes"],
                       released_bytes=receipt_data["released_bytes"], survivors=len(receipt_data["survivors"]),

@@ -28,6 +28,7 @@ from comfy_memx.core import registry
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.state import STATE
 from comfy_memx.leaks import watch as leakwatch
+from comfy_memx.sharing import handoff
 from comfy_memx.surface import freeing, metrics, readmodel
 
 log = logging.getLogger("comfy_memx")
@@ -80,7 +81,7 @@ class Handlers:
         observable = can_observe_worker()
         running = freeing.prompt_running(queue)
         ticket = freeing.submit(queue, unload_models=unload_models, free_memory=free_memory, follow=observable,
-                                client=request.remote)
+                                origin={"kind": "http", "route": "/memx/free", "client": request.remote})
         try:
             done = await _wait_done(ticket, timeout) if observable else False
         finally:
@@ -109,6 +110,24 @@ class Handlers:
         loop = asyncio.get_running_loop()
         found = await loop.run_in_executor(None, leakwatch.search_now, record)
         return _json({"model": record.model, "model_id": model_id, **found})
+
+    async def give(self, request):
+        """POST /memx/handoff: a peer on this host asks this instance to unload (answered only when idle)."""
+        body = await _free_body(request)
+        loop = asyncio.get_running_loop()
+        status, answer = await loop.run_in_executor(None, handoff.give, self.server.prompt_queue, body)
+        return _json(answer, status=status)
+
+    async def ask(self, request):
+        """POST /memx/handoff/request?bytes=N: ask the idle peers on this device to unload N bytes now."""
+        try:
+            nbytes = int(request.query.get("bytes", ""))
+        except ValueError:
+            nbytes = -1
+        if nbytes <= 0:
+            raise HttpError(400, "bad_bytes", "bytes must be a whole number of bytes > 0")
+        loop = asyncio.get_running_loop()
+        return _json(await loop.run_in_executor(None, handoff.ask_peers, nbytes, "request"))
 
     async def metrics(self, request):
         """GET /metrics and /memx/metrics: Prometheus text, or 501 without prometheus_client."""
@@ -239,5 +258,9 @@ def register(server):
     else:
         routes.get(METRICS_PATH)(metrics_handler)
         served.append(METRICS_PATH)
+    if STATE.config.handoff == "host":
+        routes.post("/memx/handoff")(_guarded("/memx/handoff", handlers.give))
+        routes.post("/memx/handoff/request")(_guarded("/memx/handoff/request", handlers.ask))
+        served += ["/memx/handoff", "/memx/handoff/request"]
     setattr(server, _REGISTERED, served)
     return served
