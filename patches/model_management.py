@@ -25,7 +25,8 @@ from comfy_memx.sharing import handoff
 
 
 def _memx_load_models_gpu(mm, original, switch):
-    load_stack, load_call = accounting.load_stack, accounting.LoadCall
+    load_stack, load_call, load_scopes, load_scope = (accounting.load_stack, accounting.LoadCall,
+                                                      accounting.load_scopes, accounting.LoadScope)
     announced = []  # the startup line is logged at the first load at the latest (announce() itself runs once)
 
     def load_models_gpu(*args, **kwargs):
@@ -34,9 +35,11 @@ def _memx_load_models_gpu(mm, original, switch):
         if not announced:
             announced.append(True)
             registry.announce()
-        before = _loaded_refs(mm)
+        before = _loaded_refs(mm) if mm.current_loaded_models else None
         # ComfyUI's own list object goes to the load scope; no local of ours holds it (nor the models)
-        scope = accounting.begin_load_scope(args[0] if args else kwargs.get("models", ()), sys._getframe(1))
+        scope = load_scope(args[0] if args else kwargs.get("models", ()), sys._getframe(1))
+        scopes = load_scopes()
+        scopes.append(scope)
         if STATE.config.handoff == "host":
             try:
                 handoff.before_load(mm, scope.models)
@@ -53,7 +56,7 @@ def _memx_load_models_gpu(mm, original, switch):
                     _note_clone_replacements(mm, before, scope)
                 except Exception as exc:
                     internal_error("clone-replacement accounting", exc)
-            accounting.end_load_scope()
+            scopes.pop()
             if loads is not None:
                 loads.pop()
     return load_models_gpu
@@ -82,7 +85,7 @@ def _note_clone_replacements(mm, before, scope):
         if entry is not None:
             if id(entry) in remaining or entry.real_model is None:
                 continue
-        elif entry_ref is None or id(module_ref) in scope.unloaded:
+        elif entry_ref is None or scope.unloaded is not None and id(module_ref) in scope.unloaded:
             continue
         module = module_ref()
         if module is None:

@@ -77,13 +77,13 @@ _loads = _LoadStack()
 
 
 class LoadScope:
-    """A ``load_models_gpu`` call (``models``, the caller ``frame``) or a node's execution (``models`` None) in
-    progress on this thread; ``unloaded`` collects the ids of the ``real_model`` weakrefs of the entries that were
-    fully unloaded, or reported otherwise, during it."""
+    """A ``load_models_gpu`` call (``models``, the caller ``frame``) in progress on this thread; ``unloaded``
+    (None until the first) collects the ids of the ``real_model`` weakrefs of the entries that were fully unloaded,
+    or reported otherwise, during it."""
     __slots__ = ("models", "frame", "unloaded")
 
     def __init__(self, models, frame):
-        self.models, self.frame, self.unloaded = models, frame, set()
+        self.models, self.frame, self.unloaded = models, frame, None
 
 
 class _Scopes(threading.local):
@@ -94,31 +94,23 @@ class _Scopes(threading.local):
 _scopes = _Scopes()
 
 
-def begin_load_scope(models=None, frame=None):
-    """A ``load_models_gpu`` call (or a node) starts on this thread; returns its :class:`LoadScope`."""
-    scope = LoadScope(models, frame)
-    _scopes.scopes.append(scope)
-    return scope
-
-
-def end_load_scope():
-    """The innermost scope ends: returns the ids of the module weakrefs unloaded or reported during it."""
-    scopes = _scopes.scopes
-    return scopes.pop().unloaded if scopes else set()
+def load_scopes():
+    """This thread's stack of :class:`LoadScope` (the load_models_gpu wrapper pushes and pops it inline)."""
+    return _scopes.scopes
 
 
 def current_load_scope():
-    """The innermost ``load_models_gpu`` scope of this thread (node scopes skipped), or None."""
-    for scope in reversed(_scopes.scopes):
-        if scope.models is not None:
-            return scope
-    return None
+    """The innermost ``load_models_gpu`` scope of this thread, or None."""
+    scopes = _scopes.scopes
+    return scopes[-1] if scopes else None
 
 
 def note_unloaded(module_ref):
     """The entry whose ``real_model`` weakref is ``module_ref`` left ComfyUI's list and was reported."""
     key = id(module_ref)
     for scope in _scopes.scopes:
+        if scope.unloaded is None:
+            scope.unloaded = set()
         scope.unloaded.add(key)
 
 

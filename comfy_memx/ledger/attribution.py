@@ -68,6 +68,11 @@ def _executing_context():
 
 def current_owner(frame=None):
     """The :class:`Owner` of a load requested now; ``frame`` is where to start the package search (the caller)."""
+    return Owner(*node_context(), package_on_stack(frame or sys._getframe(1)))
+
+
+def node_context():
+    """``(prompt_id, node_id, class_type)`` of the node executing now on this thread (Nones outside a prompt)."""
     prompt_id = node_id = class_type = None
     context = _executing_context()
     current = getattr(_prompt, "current", None)
@@ -77,7 +82,7 @@ def current_owner(frame=None):
         prompt_id = current[0]
     if current is not None and node_id is not None and current[0] == prompt_id:
         class_type = current[1].get(node_id) or current[1].get(node_id.split(".")[-1])
-    return Owner(prompt_id, node_id, class_type, package_on_stack(frame or sys._getframe(1)))
+    return prompt_id, node_id, class_type
 
 
 WORKER_FUNCTION = "prompt_worker"  # COMFY: main.prompt_worker (0.3.64, 0.27.0, 0.33.0) runs /free and the OOM path

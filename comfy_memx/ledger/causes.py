@@ -55,13 +55,12 @@ def requested_by(reason, frame, load_scope):
     if load_scope is not None and reason in ("memory_pressure", "clone_replaced"):
         return _load_requester(load_scope)
     kind, package = attribution.caller_on_stack(frame)
-    owner = attribution.current_owner(frame)
+    prompt_id, node_id, class_type = attribution.node_context()
     if kind == "package":
-        return {"kind": "node", "prompt_id": owner.prompt_id, "node_id": owner.node_id,
-                "class_type": owner.class_type, "package": package}
+        return {"kind": "node", "prompt_id": prompt_id, "node_id": node_id, "class_type": class_type,
+                "package": package}
     via = "prompt_worker" if kind == "worker" else _module_of(frame)
-    return {"kind": "comfyui", "via": via, "prompt_id": owner.prompt_id, "node_id": owner.node_id,
-            "class_type": owner.class_type}
+    return {"kind": "comfyui", "via": via, "prompt_id": prompt_id, "node_id": node_id, "class_type": class_type}
 
 
 def _load_requester(scope):
