@@ -49,18 +49,12 @@ def _memx_pin_memory(pm, original, switch):
                 grant = pins.before_layer_pin(module, subset, size)
             except Exception as exc:
                 internal_error("dynamic pin budget", exc)
-            if grant is pins.REFUSED:
-                return False
-            if grant is None:
-                return original(*args, **kwargs)
-            try:
-                return original(*args, **kwargs)
-            finally:
-                try:
-                    pins.after_layer_pin(grant)
-                except Exception as exc:
-                    internal_error("dynamic pin budget", exc)
+            return pins.call_granted(grant, False, _after_layer_pin, original, args, kwargs)
     return pin_memory
+
+
+def _after_layer_pin(grant, result):
+    pins.after_layer_pin(grant)
 
 
 def _memx_get_pin(pm, original, switch):
@@ -84,17 +78,7 @@ def _memx_get_pin(pm, original, switch):
                 grant = pins.before_reregister(module, subset)
             except Exception as exc:
                 internal_error("dynamic pin budget", exc)
-            if grant is pins.REFUSED:
-                return pin
-            if grant is None:
-                return original(*args, **kwargs)
-            try:
-                return original(*args, **kwargs)
-            finally:
-                try:
-                    pins.after_layer_pin(grant)
-                except Exception as exc:
-                    internal_error("dynamic pin budget", exc)
+            return pins.call_granted(grant, pin, _after_layer_pin, original, args, kwargs)
     return get_pin
 
 

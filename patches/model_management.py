@@ -11,7 +11,6 @@ Settings: ``COMFY_MEMX_LEAK_MODE`` (off disables the cleanup_models_gc work), ``
 """
 
 import sys
-import weakref
 from time import perf_counter
 
 from comfy_memx.core import registry
@@ -35,7 +34,7 @@ def _memx_load_models_gpu(mm, original, switch):
         if not announced:
             announced.append(True)
             registry.announce()
-        before = _loaded_refs(mm) if mm.current_loaded_models else None
+        before = accounting.loaded_entry_refs(mm) if mm.current_loaded_models else None
         # ComfyUI's own list object goes to the load scope; no local of ours holds it (nor the models)
         scope = load_scope(args[0] if args else kwargs.get("models", ()), sys._getframe(1))
         scopes = load_scopes()
@@ -60,19 +59,6 @@ def _memx_load_models_gpu(mm, original, switch):
             if loads is not None:
                 loads.pop()
     return load_models_gpu
-
-
-def _loaded_refs(mm):
-    """``(entry weakref, module weakref)`` of every loaded entry: nothing here keeps an entry or a model alive."""
-    refs = []
-    for entry in mm.current_loaded_models:
-        module_ref = entry.real_model
-        if module_ref is not None:
-            try:
-                refs.append((weakref.ref(entry), module_ref))
-            except TypeError:  # an entry type without weakref support: its module is still known
-                refs.append((None, module_ref))
-    return refs
 
 
 def _note_clone_replacements(mm, before, scope):

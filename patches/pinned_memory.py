@@ -42,19 +42,7 @@ def _memx_pin_memory(mm, original, switch):
                 grant = pins.before_tensor_pin(tensor, sys._getframe(1), evict_active)
             except Exception as exc:
                 internal_error("pin budget", exc)
-            if grant is pins.REFUSED:
-                return False
-            if grant is None:
-                return original(*args, **kwargs)
-            pinned = False
-            try:
-                pinned = original(*args, **kwargs)
-                return pinned
-            finally:
-                try:
-                    pins.after_tensor_pin(grant, pinned)
-                except Exception as exc:
-                    internal_error("pin budget", exc)
+            return pins.call_granted(grant, False, pins.after_tensor_pin, original, args, kwargs)
     return pin_memory
 
 

@@ -224,9 +224,9 @@ def on_unload(patcher, module, loaded_before, loaded_after, fully, seconds, refc
 _unload_numbers = itertools.count()
 
 
-def entries_snapshot(model_management):
-    """What ComfyUI's ``current_loaded_models`` holds now, by weakref, with the number of the last reported unload:
-    taken before a node runs, so that :func:`note_dropped` can tell what the node removed behind ComfyUI's back."""
+def loaded_entry_refs(model_management):
+    """``(entry weakref, module weakref)`` of every loaded entry of ComfyUI's ``current_loaded_models``: nothing
+    here keeps an entry or a model alive (the entry weakref is None for an entry type without weakref support)."""
     refs = []
     for entry in model_management.current_loaded_models:
         module_ref = entry.real_model
@@ -235,7 +235,13 @@ def entries_snapshot(model_management):
                 refs.append((weakref.ref(entry), module_ref))
             except TypeError:
                 refs.append((None, module_ref))
-    return next(_unload_numbers), refs
+    return refs
+
+
+def entries_snapshot(model_management):
+    """What ComfyUI's ``current_loaded_models`` holds now, by weakref, with the number of the last reported unload:
+    taken before a node runs, so that :func:`note_dropped` can tell what the node removed behind ComfyUI's back."""
+    return next(_unload_numbers), loaded_entry_refs(model_management)
 
 
 def note_dropped(model_management, snapshot, requested):

@@ -10,6 +10,7 @@ Life cycle: :func:`start`, :func:`stop`, :func:`managing`, :func:`started_for`, 
 :func:`free_registrations_mru`.  Reading a layer's pin cheaply (hot path of ``get_pin``): :func:`layer_pin`.
 """
 
+from comfy_memx.core.errors import internal_error
 from comfy_memx.pins import reconcile
 from comfy_memx.pins.eviction import (after_comfyui_eviction, after_node_reset, free_pins_mru,  # noqa: F401
                                       free_registrations_mru, reorders_eviction)
@@ -19,6 +20,25 @@ from comfy_memx.pins.requests import (after_layer_pin, after_tensor_pin, after_t
                                       before_layer_pin, before_reregister, before_tensor_pin, before_tensor_unpin)
 from comfy_memx.pins.context import PIN_LOCK, REFUSED, current  # noqa: F401
 from comfy_memx.pins.session import comfyui_max, managing, start, started_for, startup_line, stop  # noqa: F401
+
+
+def call_granted(grant, refused_answer, after, original, args, kwargs):
+    """Carry out one pin decision (taken under :data:`PIN_LOCK` by the caller): :data:`REFUSED` answers
+    ``refused_answer`` as ComfyUI does when it cannot pin, None calls ComfyUI unbudgeted, a grant calls ComfyUI and
+    then ``after(grant, result)`` (an error there is comfy_memx's, logged once, never ComfyUI's)."""
+    if grant is REFUSED:
+        return refused_answer
+    if grant is None:
+        return original(*args, **kwargs)
+    result = False
+    try:
+        result = original(*args, **kwargs)
+        return result
+    finally:
+        try:
+            after(grant, result)
+        except Exception as exc:
+            internal_error("pin budget", exc)
 
 
 def note_pin_check():
