@@ -125,3 +125,15 @@ def test_a_failed_search_and_an_unsearched_survivor_are_said(capsys):
     assert "holder search failed: RuntimeError: search bug" in text
     assert "BaseModel#3 (BaseModel)" in text and "holders not searched" in text
     assert "no holder found: C-held" in text
+
+
+def test_the_memory_figures_tell_allocator_retention_from_held_bytes():
+    from comfy_memx.cli.free import format_receipt
+    memory = {"rss_before": 3 * 2 ** 30, "rss_after": 2 * 2 ** 30, "rss_after_trim": 2 ** 30,
+              "trim": {"returned_bytes": 2 ** 30, "seconds": 0.01}, "held_bytes": 512 * 2 ** 20}
+    lines = format_receipt({"status": "done", "freed": [], "still_loaded": [], "survivors": [], "memory": memory})
+    assert lines[-1] == ("memory: process RSS 3.0 GiB before, 1.0 GiB after; malloc_trim gave 1.0 GiB back to the "
+                         "kernel (kept by the allocator, not by Python); live models hold 512.0 MiB of RAM")
+    skipped = format_receipt({"status": "done", "memory": {**memory, "trim": {"skipped": "COMFY_MEMX_TRIM=0"},
+                                                            "rss_after_trim": None}})
+    assert "2.0 GiB after; malloc_trim skipped: COMFY_MEMX_TRIM=0;" in skipped[-1]

@@ -323,10 +323,11 @@ def test_bad_free_requests_get_an_error_json(body, query, kind, tmp_path):
     assert flags == {}   # nothing was asked of ComfyUI
 
 
-def test_empty_body_frees_everything(tmp_path):
+@pytest.mark.parametrize("raw", [b"", b"{}"], ids=["no body", "empty object"])
+def test_empty_body_frees_everything(tmp_path, raw):
     async def scenario(comfy):
         await comfy.run(leaky("a"))
-        return await comfy.free(raw=b"")
+        return await comfy.free(raw=raw)
 
     status, receipt = serve("0.27.0", tmp_path, scenario)
     assert status == 200 and receipt["request"] == {"unload_models": True, "free_memory": True}

@@ -389,3 +389,26 @@ def test_leak_fail_exits_with_status_3_at_shutdown(tmp_path, fail, status):
     assert out.returncode == status, out.stderr
     if status == 3:
         assert "1 model(s) leaked with a rooted holder (BaseModel#1)" in out.stderr
+
+
+@pytest.mark.parametrize("strict", VERSIONS, indirect=True)
+def test_checks_outside_prompts_and_a_requested_search_do_not_count_as_changed_holders(strict):
+    """A /free runs cleanup_models_gc outside any prompt, and its receipt searches the survivors: neither is a new
+    sighting, and neither makes the next prompt's sighting look like a change of holders."""
+    mm, pack, events, caplog = strict
+    leak_into(mm, pack, lambda m: pack.REGISTRY.__setitem__("m", m))
+    prompts = in_prompts(3)
+    next(prompts)
+    mm.cleanup_models_gc()
+    [record] = [r for r in STATE.ledger.records() if r.leak]
+    for _ in range(3):
+        mm.cleanup_models_gc()                                  # outside prompts: /free, an embedding program
+        found = leakwatch.search_now(record)                    # a /memx/free receipt's search
+        assert [h["path"] for h in found["holders"]] == ["holder_pack.REGISTRY['m']"]
+    for _ in prompts:
+        mm.cleanup_models_gc()
+    log = read_events(events)
+    assert [e["event"] for e in log if e["event"].startswith("leak")] == ["leak", "leak_seen", "leak_seen"]
+    assert record.leak["sightings"] == 3 and record.leak["searches"] == 4   # the first and the three asked for
+    assert len([line for line in leak_lines(caplog) if "leaked model" in line]) == 1
+    pack.REGISTRY.clear()

@@ -14,9 +14,11 @@ import os
 import shutil
 import sys
 import tempfile
+import warnings
 
 from comfy_memx.core.errors import MemxError
 from comfy_memx.core.units import format_bytes
+from comfy_memx.ledger.causes import cause_label
 
 WORLD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo_world")
 MIB = 1024 ** 2
@@ -47,9 +49,29 @@ def _loader(name, leak=False):
             "2": {"class_type": "SimSampler", "inputs": {"model": ["1", 0]}}}
 
 
+def _say_events(state, seen):
+    """Print the load and unload events written since the last call (what comfy_memx recorded in that prompt)."""
+    state.events.close()
+    try:
+        with open(state.config.events, encoding="utf-8") as f:
+            events = [json.loads(line) for line in f][seen:]
+    except OSError:
+        return seen
+    for e in events:
+        if e["event"] == "load":
+            _say(f"   comfy_memx: load of {e['model_id']}: {format_bytes(e['bytes'])} moved, owner "
+                 f"{e['owner']['class_type']} ({e['owner']['package']})")
+        elif e["event"] == "unload":
+            _say(f"   comfy_memx: unload of {e['model_id']}: {e['reason']}, {format_bytes(e['bytes'])} freed"
+                 f"{' (partial)' if e['partial'] else ''}, asked for by "
+                 f"{cause_label(e['requested_by'], e['reason'])}")
+    return seen + len(events)
+
+
 def run(workdir, leak_mode):
     """Drive the demo world through load, memory-pressure unload and a leak; returns the executor."""
     from comfy_memx.core.bootstrap import bootstrap
+    from comfy_memx.core.state import STATE
     os.environ.setdefault("COMFY_MEMX_EVENTS", os.path.join(workdir, "events.jsonl"))
     os.environ.setdefault("COMFY_MEMX_LEAK_MODE", leak_mode)
     bootstrap("demo")
@@ -64,6 +86,7 @@ def run(workdir, leak_mode):
 
     _say("\n== 1. prompt p1: the custom node LeakyLoader (package leaky_pack) loads an 8 MiB model")
     executor.execute(_loader("sdxl"), "p1")
+    seen = _say_events(STATE, 0)
     _say("\n== 2. prompt p2: p1's nodes plus a core loader of a second model, on a GPU with room for one:"
          " memory-pressure unload")
     mm.SIM_VRAM_TOTAL = mm.minimum_inference_memory() + 12 * MIB
@@ -71,9 +94,11 @@ def run(workdir, leak_mode):
     both.update({"3": {"class_type": "SimModelLoader", "inputs": {"tensors": 8, "numel": 256 * 1024}},
                  "4": {"class_type": "SimSampler", "inputs": {"model": ["3", 0]}}})
     executor.execute(both, "p2")
+    seen = _say_events(STATE, seen)
     mm.SIM_VRAM_TOTAL = 8 * 1024 ** 3
     _say("\n== 3. prompt p3: LeakyLoader keeps its torch module in a class-level dict (the classic custom-node leak)")
     executor.execute(_loader("qwen_2512.safetensors", leak=True), "p3")
+    seen = _say_events(STATE, seen)
     _say("\n== 4. prompt p4 replaces p3's loader output, so ComfyUI drops p3's ModelPatcher; the module stays alive")
     executor.execute(_loader("flux"), "p4")
     return executor
@@ -109,6 +134,8 @@ def main(argv):
                         help="leak mode to demonstrate (default strict; COMFY_MEMX_LEAK_MODE wins if set)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    # torch warns when numpy is missing; the demo needs no numpy (the README's first command does not install it)
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     for handler in logging.getLogger().handlers:
         handler.addFilter(_OnlyOnce())
     workdir = tempfile.mkdtemp(prefix="comfy_memx_demo_")

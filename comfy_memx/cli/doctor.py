@@ -66,7 +66,8 @@ def static_site_status(tree, disabled=()):
                 scope = names.get(owner_name) if owner_name else names
                 found = isinstance(scope, dict) and attr in scope
                 state, reason = ("would patch", None) if found else ("skipped", "absent in this ComfyUI")
-            rows.append({"patch": name, "site": site, "state": state, "reason": reason})
+            label = site if patch.target == "comfy.model_management" else f"{patch.target}.{site}"
+            rows.append({"patch": name, "site": label, "state": state, "reason": reason})
     return rows
 
 
@@ -113,7 +114,8 @@ def format_text(report):
                  + f", zram {format_bytes(report['swap_zram_bytes'])} (never counted)")
     theirs = report["comfyui_pin_cap_bytes"]
     lines.append(f"pinned-memory cap {format_bytes(report['pin_cap_bytes'])} ({report['pin_cap_source']})"
-                 + (f"; ComfyUI would use {format_bytes(theirs)}" if theirs else ""))
+                 + (f"; ComfyUI would use {format_bytes(theirs)}" if theirs else "")
+                 + " - applies only where ComfyUI pins (an NVIDIA or AMD GPU, 0.27.0 or newer)")
     lines += [f"warning: {w}" for w in report["host_warnings"]]
     lines.append("config: " + ", ".join(f"{k}={v}" for k, v in report["config"].items()))
     lines += [f"warning: {w}" for w in report["config_warnings"]]

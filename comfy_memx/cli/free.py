@@ -102,7 +102,21 @@ def format_receipt(receipt):
             lines.append(f"    held by {chain.get('path')}  [package {chain.get('package')}, {chain.get('root_kind')}]")
         if row.get("holders") == [] and not search.get("error"):
             lines.append(f"    no holder found{': ' + search['note'] if search.get('note') else ''}")
+    lines += _memory_lines(receipt.get("memory"))
     return lines
+
+
+def _memory_lines(memory):
+    """RSS before and after, what malloc_trim gave back (the allocator had kept it) and what live models hold."""
+    if not isinstance(memory, dict):
+        return []
+    trim = memory.get("trim") or {}
+    given = (f"malloc_trim gave {format_bytes(trim.get('returned_bytes'))} back to the kernel "
+             f"(kept by the allocator, not by Python)" if "returned_bytes" in trim
+             else f"malloc_trim skipped: {trim.get('skipped', '?')}")
+    after = memory.get("rss_after_trim") or memory.get("rss_after")
+    return [f"memory: process RSS {format_bytes(memory.get('rss_before'))} before, {format_bytes(after)} after; "
+            f"{given}; live models hold {format_bytes(memory.get('held_bytes'))} of RAM"]
 
 
 def _owner_text(owner):

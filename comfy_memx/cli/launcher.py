@@ -40,7 +40,7 @@ def _options():
 
 def usage():
     """The launcher's --help text, generated from the settings table."""
-    lines = [f"  {flag} VALUE".ljust(24) + f"{s.env}: {s.accepted}" for flag, s in _options().items()]
+    lines = [f"  {flag} VALUE".ljust(24) + " " + f"{s.env}: {s.accepted}" for flag, s in _options().items()]
     return USAGE.format(commands="{" + ",".join(COMMANDS) + "}", options="\n".join(lines))
 
 

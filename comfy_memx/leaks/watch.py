@@ -133,10 +133,13 @@ def after_collect(found):
     here = sys._getframe()  # the outermost frame of ours that holds a module: the searches skip it
     for suspect in found:
         module = suspect.module_ref()
+        # Measured here, with this frame's local as the only reference of ours (as search_now measures it), so
+        # that two readings differ only when something else took or dropped a reference.
+        refs = sys.getrefcount(module) - _OWN_REFS if module is not None else None
         if suspect.new:
-            _first_sighting(suspect, module, found, prompt_id, now, (window, here))
+            _first_sighting(suspect, module, found, prompt_id, now, (window, here, refs))
         elif module is not None:
-            _later_sighting(suspect.record, module, found, prompt_id, now, (window, here))
+            _later_sighting(suspect.record, module, found, prompt_id, now, (window, here, refs))
         del module
 
 
@@ -163,11 +166,14 @@ def _first_sighting(suspect, module, found, prompt_id, now, context):
 
 def _later_sighting(record, module, found, prompt_id, now, context):
     leak = record.leak
+    if prompt_id is None:
+        leak["last_seen"] = now  # outside prompts (a /free, an embedding program): seen, but not a prompt's sighting
+        return
     if leak["window"] == context[0]:
         return  # ComfyUI warns at every load; one sighting per prompt is enough
     leak["sightings"] += 1
     leak["last_prompt"], leak["last_seen"], leak["window"] = prompt_id, now, context[0]
-    if STATE.config.leak_mode == "strict" and leak["stage"] == "rooted" and _search_due(leak, module):
+    if STATE.config.leak_mode == "strict" and leak["stage"] == "rooted" and _search_due(leak, context[2]):
         _search(record, module, found, context,
                 reason="deferred" if (leak["search"] or {}).get("deferred") else "holders_changed")
         _log(record)
@@ -177,7 +183,7 @@ def _later_sighting(record, module, found, prompt_id, now, context):
                       stage=leak["stage"], sightings=leak["sightings"], prompt_id=prompt_id)
 
 
-def _search_due(leak, module):
+def _search_due(leak, refs):
     """A new search is due when the last one was deferred, or when the module's reference count moved since the
     last search (its holders may have changed), checked at most after 1, 2, 4, 8 ... sightings."""
     search = leak["search"] or {}
@@ -186,16 +192,17 @@ def _search_due(leak, module):
     if leak["sightings"] < leak["next_check"]:
         return False
     leak["next_check"] = leak["sightings"] * 2
-    return leak["refs"] is not None and sys.getrefcount(module) - _OWN_REFS != leak["refs"]
+    return leak["refs"] is not None and refs != leak["refs"]
 
 
 def _search(record, module, found, context, reason):
     """Run a strict holder search of ``module`` within what is left of the prompt's cap; store it on the record.
 
-    ``context`` is ``(budget window, reporting frame)``: the frames from the search out to the reporting frame hold
-    the module only to pass it on and are not reported as holders.
+    ``context`` is ``(budget window, reporting frame, reference count)``: the frames from the search out to the
+    reporting frame hold the module only to pass it on and are not reported as holders; the reference count, read
+    by ``after_collect``, is what a later sighting compares with.
     """
-    window, reporting_frame = context
+    window, reporting_frame, refs = context
     leaks = book()
     budget = leaks.remaining(window)
     leak = record.leak
@@ -210,7 +217,7 @@ def _search(record, module, found, context, reason):
     leak["referrers"] = [referrer_of(chain) for chain in report.chains]
     leak["search"] = dict(_search_summary(report), reason=reason)
     leak["searches"] += 1
-    leak["refs"] = sys.getrefcount(module) - _OWN_REFS
+    leak["refs"] = refs
     return report
 
 

@@ -56,7 +56,7 @@ def _listed_modules(mm):
     listed = set()
     for entry in list(getattr(mm, "current_loaded_models", ()) if mm is not None else ()):
         module = entry.real_model() if entry.real_model is not None else None
-        if module is not None and entry.model is not None:
+        if module is not None:   # a dead patcher's entry (ComfyUI warns about it) is still in the list
             listed.add(id(module))
         del module
     return listed

@@ -153,7 +153,7 @@ async def _free_body(request):
                         '{"unload_models": true, "free_memory": true}') from None
     if not isinstance(body, dict):
         raise HttpError(400, "bad_body", "the body must be a JSON object")
-    return body
+    return body or dict(FREE_ALL)  # {} is an empty body too
 
 
 def _timeout(request):
