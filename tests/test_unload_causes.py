@@ -127,3 +127,17 @@ def test_comfyuis_own_unloads_are_named_comfyui(version, tmp_path):
         mm.unload_all_models()                    # e.g. an embedding program, or ComfyUI's own code
         [unload] = unloads(events)
         assert unload["requested_by"]["kind"] == "comfyui" and unload["requested_by"]["via"] == __name__
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_with_one_device_for_load_and_offload_nothing_is_copied_and_no_rate_is_claimed(version, tmp_path):
+    events = tmp_path / "events.jsonl"
+    with memx_on(version, events=events) as mm:
+        mm.set_sim_device("cpu")                      # as with --cpu: load device == offload device
+        import execution
+        executor = execution.PromptExecutor(None)
+        run_prompt(executor, "p0", workflow(0))
+        mm.unload_all_models()
+        load, unload = [e for e in read_events(events) if e["event"] in ("load", "unload")]
+        assert load["bytes"] > 0 and load["copied"] is False and load["gb_per_s"] is None
+        assert unload["bytes"] > 0 and unload["copied"] is False and unload["gb_per_s"] is None

@@ -189,8 +189,10 @@ def on_load(entry, patcher, loaded_before, seconds, caller_frame):
     record.loaded_at = record.last_used
     reload = causes.on_loaded(record, moved, seconds)
     if STATE.events.wanted:
+        copied = copies_bytes(patcher)
         STATE.events.emit("load", **_identity(record), bytes=moved, loaded_bytes=loaded_after,
-                          seconds=round(seconds, 6), gb_per_s=_rate(moved, seconds), reload=reload)
+                          seconds=round(seconds, 6), gb_per_s=_rate(moved, seconds) if copied else None,
+                          copied=copied, reload=reload)
 
 
 def on_unload(patcher, module, loaded_before, loaded_after, fully, seconds, refcounts, caller_frame, reason=None,
@@ -213,9 +215,11 @@ def on_unload(patcher, module, loaded_before, loaded_after, fully, seconds, refc
     when = round(time.time(), 6)
     causes.on_unloaded(record, reason, requested, freed, when)
     record.unload_seq = next(_unload_numbers)
-    unload = {"reason": reason, "requested_by": requested, "bytes": freed, "partial": not fully,
+    copied = copies_bytes(patcher) if patcher is not None else None
+    unload = {"reason": reason, "requested_by": requested, "bytes": freed, "partial": not fully, "copied": copied,
               "refcounts": refcounts, "extra_referrers": max(0, refcounts["module"] - record.live_patchers()),
-              "seconds": round(seconds, 6), "gb_per_s": _rate(freed, seconds), "time": when}
+              "seconds": round(seconds, 6), "gb_per_s": _rate(freed, seconds) if copied is not False else None,
+              "time": when}
     record.unloads.append(unload)
     if STATE.events.wanted:
         STATE.events.emit("unload", **_identity(record), **unload)
@@ -269,6 +273,15 @@ def note_dropped(model_management, snapshot, requested):
                      "module": external_refcount(sys.getrefcount(module))}
         on_unload(patcher, module, loaded, loaded, True, 0.0, refcounts, None, reason="dropped", requested=requested)
         del module, patcher
+
+
+def copies_bytes(patcher):
+    """False when ``patcher``'s load and offload devices are the same (``--cpu``): then a load or an unload only
+    changes ComfyUI's accounting of loaded bytes and copies nothing, so it has no transfer rate."""
+    try:
+        return str(patcher.load_device) != str(patcher.offload_device)
+    except AttributeError:
+        return None
 
 
 def _identity(record):
