@@ -5,16 +5,19 @@ interpreter named by ``--python`` (a venv that has ComfyUI's requirements).
 
 What one run does:
 
-1. copies the model-free node pack ``memx_test_nodes`` (next to this file) into ``<tree>/custom_nodes/``;
-2. starts ComfyUI on 127.0.0.1 and a free port, with ``--cpu`` and per-run user/input/output/temp
-   directories and database under ``--out``, through one of three launchers:
+1. makes ``--out``/base a ComfyUI base directory (``--base-directory``, and ``--database-url`` in it where the tree
+   has that flag): ``custom_nodes/`` with copies of the node packs next to this file (``memx_test_nodes`` by
+   default, ``--pack`` for others), ``input/``, ``output/``, ``temp/``, ``user/``, and ``--checkpoint`` symlinked
+   into ``models/checkpoints/``; nothing is written into the tree, so one unpacked tree serves many servers;
+2. starts ComfyUI on 127.0.0.1 and a free port, with ``--cpu``, through one of three launchers:
    ``plain`` (``python main.py``), ``module`` (``python -m comfy_memx main.py``) or
-   ``env`` (``python main.py`` with ``COMFY_MEMX=1``);
+   ``env`` (``python main.py`` with ``COMFY_MEMX=1``); under comfy_memx, ``COMFY_MEMX_EVENTS`` is
+   ``--out``/events.jsonl unless ``--no-events``;
 3. waits for ``GET /system_stats``, submits the scenario's prompts with ``POST /prompt`` one after the
    other (each awaited through ``GET /history/<id>``), sends ``POST /free``, then, with ``--post-memx-free``,
    ``POST /memx/free`` (its receipt goes to ``memx_free`` in the summary), then GETs any ``--get`` URLs;
 4. stops the server (SIGINT, then SIGTERM, then SIGKILL; always, whatever failed) and writes
-   ``server.log`` (the full server output) and ``summary.json`` into ``--out``.
+   ``server.log`` (the full server output), ``steps.json`` and ``summary.json`` into ``--out``.
 
 Scenarios:
 
@@ -25,11 +28,18 @@ Scenarios:
            MemxLeakyCache still holds its torch module, so ComfyUI logs "Potential memory leak detected
            with model MemxTinyNet" and "WARNING, memory leak with model MemxTinyNet" during the second
            prompt; then ``/free``.
+``t2i``    ComfyUI's default text-to-image workflow (``workflows/default_t2i.json``) on ``--checkpoint``, then
+           again with another seed, then ``/free``.
+
+For tests, :class:`Session` keeps one server open for any number of steps (prompts, queued prompts, HTTP calls,
+calls at the same moment) and records where each step starts and ends in the server log and in the event log;
+``tests/test_real_comfyui.py`` builds its scenarios on it. :func:`ensure_checkpoint` builds the random-weight
+checkpoint with ``make_checkpoint.py`` when a cache does not hold it yet.
 
 Example::
 
     python tests/real_comfy/drive.py --tree /work/comfy/c0270 --python /work/comfy/venv/bin/python \\
-        --scenario leak --out /tmp/memx_run --get /memx/models
+        --scenario leak --launcher module --out /tmp/memx_run --get /memx/models
 
 Exit status: 0 when the server booted, every HTTP call answered 2xx and every prompt succeeded;
 1 otherwise (details in summary.json); 2 for bad command-line arguments.
@@ -51,7 +61,7 @@ HOST = "127.0.0.1"
 NODE_PACK_NAME = "memx_test_nodes"
 NODE_PACK_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), NODE_PACK_NAME)
 LAUNCHERS = ("plain", "module", "env")
-SCENARIOS = ("basic", "leak")
+SCENARIOS = ("basic", "leak", "t2i")
 FREE_ALL = {"unload_models": True, "free_memory": True}
 LEAK_INFO_TEXT = "Potential memory leak detected with model"
 LEAK_WARNING_TEXT = "WARNING, memory leak with model"
@@ -93,6 +103,12 @@ def scenario_steps(scenario):
                 "1": loader_node("memx-leak-a"), "2": sampler_node("1", 1), "3": leaky_cache_node("1", "a")}},
             {"kind": "prompt", "name": "replace_loader", "prompt": {
                 "1": loader_node("memx-leak-b"), "2": sampler_node("1", 2)}},
+            {"kind": "free", "name": "free", "body": dict(FREE_ALL)},
+        ]
+    if scenario == "t2i":
+        return [
+            {"kind": "prompt", "name": "t2i", "prompt": default_workflow(0)},
+            {"kind": "prompt", "name": "reseeded", "prompt": default_workflow(1)},
             {"kind": "free", "name": "free", "body": dict(FREE_ALL)},
         ]
     raise ValueError(f"unknown scenario {scenario!r}; expected one of {SCENARIOS}")
@@ -276,24 +292,34 @@ def run_prompt_step(server, step, timeout):
     """Submit a prompt step and wait for it; return the step's result record."""
     started = time.monotonic()
     status, body = submit_prompt(server, step["prompt"])
-    record = {"name": step["name"], "kind": "prompt", "http_status": status, "response": body}
-    prompt_id = body.get("prompt_id") if isinstance(body, dict) else None
-    record["prompt_id"] = prompt_id
-    record["ok"] = False
-    if status == 200 and prompt_id:
-        entry = wait_for_history(server, prompt_id, timeout)
-        if entry is None:
-            record["error"] = "no history entry before timeout or server exit"
-        else:
-            run_status = entry.get("status", {})
-            record["status_str"] = run_status.get("status_str")
-            record["completed"] = run_status.get("completed")
-            record["outputs"] = entry.get("outputs", {})
-            record["messages"] = [message[0] for message in run_status.get("messages", [])]
-            record["ok"] = record["status_str"] == "success"
-            if not record["ok"]:
-                record["error_messages"] = [m for m in run_status.get("messages", []) if m[0] == "execution_error"]
+    record = prompt_record(step["name"], status, body)
+    if record["prompt_id"]:
+        finish_prompt_record(server, record, timeout)
     record["seconds"] = round(time.monotonic() - started, 3)
+    return record
+
+
+def prompt_record(name, status, body):
+    """The record of a submitted prompt (``ok`` False until :func:`finish_prompt_record` saw it succeed)."""
+    prompt_id = body.get("prompt_id") if isinstance(body, dict) and status == 200 else None
+    return {"name": name, "kind": "prompt", "http_status": status, "response": body, "prompt_id": prompt_id,
+            "ok": False}
+
+
+def finish_prompt_record(server, record, timeout):
+    """Wait for the prompt of ``record`` through ``/history`` and fill in its status, outputs and messages."""
+    entry = wait_for_history(server, record["prompt_id"], timeout)
+    if entry is None:
+        record["error"] = "no history entry before timeout or server exit"
+        return record
+    run_status = entry.get("status", {})
+    record["status_str"] = run_status.get("status_str")
+    record["completed"] = run_status.get("completed")
+    record["outputs"] = entry.get("outputs", {})
+    record["messages"] = [message[0] for message in run_status.get("messages", [])]
+    record["ok"] = record["status_str"] == "success"
+    if not record["ok"]:
+        record["error_messages"] = [m for m in run_status.get("messages", []) if m[0] == "execution_error"]
     return record
 
 
@@ -331,57 +357,372 @@ def strip_ansi(line):
     return "".join(out)
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Sessions: one server, many steps, every step marked in the server log and the event log
+# ---------------------------------------------------------------------------------------------------------------
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PACK_SOURCES = {NODE_PACK_NAME: NODE_PACK_SOURCE,
+                "memx_unload_nodes": os.path.join(HERE, "memx_unload_nodes")}
+CHECKPOINT_NAME = "memx_sd15_random.safetensors"
+DEFAULT_WORKFLOW = os.path.join(HERE, "workflows", "default_t2i.json")
+MAKE_CHECKPOINT = os.path.join(HERE, "make_checkpoint.py")
+BASE_SUBDIRS = ("custom_nodes", "input", "output", "temp", "user", os.path.join("models", "checkpoints"))
+
+
+def default_workflow(seed=None):
+    """ComfyUI's default text-to-image workflow (``workflows/default_t2i.json``), optionally with another seed."""
+    with open(DEFAULT_WORKFLOW, encoding="utf-8") as handle:
+        workflow = json.load(handle)
+    if seed is not None:
+        workflow["3"]["inputs"]["seed"] = seed
+    return workflow
+
+
+def tree_accepts(tree, flag):
+    """True when ComfyUI's argument parser in ``tree`` (``comfy/cli_args.py``) defines ``flag``."""
+    return f'"{flag}"' in read_text(os.path.join(tree, "comfy", "cli_args.py"))
+
+
+def prepare_base_dir(base, packs=(NODE_PACK_NAME,), checkpoint=None):
+    """Make ``base`` a ComfyUI base directory: its folders, copies of ``packs`` (names of ``PACK_SOURCES`` or
+    folders) in ``custom_nodes/``, and ``checkpoint`` symlinked as ``models/checkpoints/<CHECKPOINT_NAME>``.
+
+    Copies rather than symlinks for the packs, so that ComfyUI's byte-code caches never land in the repository.
+    """
+    for name in BASE_SUBDIRS:
+        os.makedirs(os.path.join(base, name), exist_ok=True)
+    for pack in packs:
+        source = PACK_SOURCES.get(pack, pack)
+        shutil.copytree(source, os.path.join(base, "custom_nodes", os.path.basename(os.path.normpath(source))),
+                        dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    if checkpoint:
+        link = os.path.join(base, "models", "checkpoints", CHECKPOINT_NAME)
+        if not os.path.lexists(link):
+            try:
+                os.symlink(os.path.abspath(checkpoint), link)
+            except OSError:
+                os.link(checkpoint, link)
+    return base
+
+
+def base_dir_args(tree, base):
+    """ComfyUI flags that make ``base`` its base directory, with the database there where the tree has the flag."""
+    args = ["--base-directory", base]
+    if tree_accepts(tree, "--database-url"):
+        args += ["--database-url", "sqlite:///" + os.path.join(base, "user", "comfyui.db")]
+    return args
+
+
+def ensure_checkpoint(python, tree, path, timeout=900):
+    """Return ``path`` after building the random-weight SD1.5 checkpoint there with make_checkpoint.py if absent.
+
+    Built into ``<path>.<pid>.partial`` and renamed, so a cache never holds half a file.
+    """
+    if os.path.isfile(path) and os.path.getsize(path) > 0:
+        return path
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    partial = f"{path}.{os.getpid()}.partial"
+    try:
+        result = subprocess.run([python, MAKE_CHECKPOINT, "--tree", os.path.abspath(tree), "--out", partial],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
+                                cwd=os.path.dirname(os.path.abspath(path)), env=inherited_env())
+        if result.returncode != 0 or not os.path.isfile(partial):
+            raise RuntimeError(f"make_checkpoint.py failed ({result.returncode}): {result.stdout[-3000:]}")
+        os.replace(partial, path)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+    return path
+
+
+def in_parallel(*calls):
+    """Run the no-argument callables at the same time in threads; return their results (or exceptions) in order."""
+    import threading
+
+    results = [None] * len(calls)
+    barrier = threading.Barrier(len(calls))
+
+    def work(index, call):
+        try:
+            barrier.wait(timeout=10)
+            results[index] = call()
+        except Exception as error:  # handed back to the caller
+            results[index] = error
+
+    threads = [threading.Thread(target=work, args=(index, call), daemon=True) for index, call in enumerate(calls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+class Session:
+    """One ComfyUI server under a launcher, driven step by step; every step records where it starts and ends in
+    the server log (byte offsets) and in comfy_memx's event log (line numbers), so that tests can tell which
+    step logged what.
+
+    ``out`` gets ``server.log``, ``events.jsonl`` (``COMFY_MEMX_EVENTS`` when ``events`` and comfy_memx is on),
+    ``steps.json`` and the ComfyUI base directory ``base/`` (``packs`` in its ``custom_nodes``, ``checkpoint`` in
+    ``models/checkpoints``). ``env`` adds server environment variables (``COMFY_MEMX_LEAK_MODE=strict``, ...).
+    """
+
+    def __init__(self, tree, python, out, launcher="plain", env=None, comfy_args=(), packs=(NODE_PACK_NAME,),
+                 checkpoint=None, events=True, port=0):
+        self.tree = os.path.abspath(tree)
+        self.python = python
+        self.out = os.path.abspath(out)
+        self.launcher = launcher
+        self.port = port or free_port()
+        os.makedirs(self.out, exist_ok=True)
+        self.base = prepare_base_dir(os.path.join(self.out, "base"), packs, checkpoint)
+        self.log_path = os.path.join(self.out, "server.log")
+        self.events_path = os.path.join(self.out, "events.jsonl") if events and launcher != "plain" else None
+        argv, launcher_env = server_command(python, self.tree, launcher, self.port,
+                                            base_dir_args(self.tree, self.base) + list(comfy_args))
+        server_env = inherited_env()
+        server_env.update(launcher_env)
+        if self.events_path:
+            server_env["COMFY_MEMX_EVENTS"] = self.events_path
+        server_env.update(env or {})
+        server_env["PYTHONUNBUFFERED"] = "1"
+        self.extra_env = {key: value for key, value in server_env.items() if key.startswith("COMFY_MEMX")}
+        self.argv = argv
+        self.server = ComfyServer(argv, self.tree, server_env, self.log_path, self.port)
+        self.base_url = self.server.base_url
+        self.steps = []
+        self.stats = None
+        self.comfyui_version = None
+        self.boot_seconds = None
+        self.exit_code = None
+        self.stop_method = None
+
+    # -- life cycle -------------------------------------------------------------------------------------------------
+
+    def start(self, boot_timeout=180.0):
+        """Start the server and wait for ``/system_stats``; returns True when it answered."""
+        started = time.monotonic()
+        self.server.start()
+        self.stats = self.server.wait_ready(boot_timeout)
+        self.boot_seconds = round(time.monotonic() - started, 3)
+        if self.stats is not None:
+            self.comfyui_version = self.stats.get("system", {}).get("comfyui_version")
+        return self.stats is not None
+
+    def stop(self):
+        """Stop the server (SIGINT first); returns its exit code and writes ``steps.json``."""
+        self.exit_code = self.server.stop()
+        self.stop_method = self.server.stop_method
+        with open(os.path.join(self.out, "steps.json"), "w", encoding="utf-8") as handle:
+            json.dump({"argv": self.argv, "env": self.extra_env, "boot_seconds": self.boot_seconds,
+                       "comfyui_version": self.comfyui_version, "exit_code": self.exit_code,
+                       "stop_method": self.stop_method, "steps": self.steps}, handle, indent=2, default=str)
+        return self.exit_code
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+    def alive(self):
+        return self.server.alive()
+
+    # -- marks --------------------------------------------------------------------------------------------------------
+
+    def mark(self):
+        """``(server log size in bytes, number of complete event lines)`` now."""
+        try:
+            log_size = os.path.getsize(self.log_path)
+        except OSError:
+            log_size = 0
+        return log_size, len(self._event_lines())
+
+    def _event_lines(self):
+        if not self.events_path:
+            return []
+        lines = read_text(self.events_path).split("\n")
+        return lines[:-1]  # the part after the last newline is not a complete line yet
+
+    def _record(self, record, before):
+        after = self.mark()
+        record["log_span"] = [before[0], after[0]]
+        record["event_span"] = [before[1], after[1]]
+        self.steps.append(record)
+        return record
+
+    # -- steps --------------------------------------------------------------------------------------------------------
+
+    def prompt(self, name, prompt, timeout=300.0):
+        """Run ``prompt`` and wait for it; returns its record (``ok``, ``outputs``, ``prompt_id``, spans)."""
+        before = self.mark()
+        started = time.monotonic()
+        record = run_prompt_step(self.server, {"name": name, "prompt": prompt}, timeout)
+        record["seconds"] = round(time.monotonic() - started, 3)
+        return self._record(record, before)
+
+    def submit(self, name, prompt):
+        """Queue ``prompt`` without waiting; returns its record (finish it with :meth:`finish`)."""
+        status, body = submit_prompt(self.server, prompt)
+        record = prompt_record(name, status, body)
+        record["submitted"] = time.monotonic()
+        record["mark"] = self.mark()
+        return record
+
+    def finish(self, record, timeout=300.0):
+        """Wait for a prompt queued by :meth:`submit`; its spans start at the submission."""
+        if record["prompt_id"]:
+            finish_prompt_record(self.server, record, timeout)
+        record["seconds"] = round(time.monotonic() - record.pop("submitted"), 3)
+        return self._record(record, record.pop("mark"))
+
+    def wait_running(self, prompt_id, timeout=30.0):
+        """Poll ``GET /queue`` until ``prompt_id`` is the running prompt; True when it was seen running."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.alive():
+            status, body = http_call("GET", self.base_url + "/queue", timeout=5.0)
+            if status == 200 and isinstance(body, dict):
+                if any(isinstance(item, list) and len(item) > 1 and item[1] == prompt_id
+                       for item in body.get("queue_running", [])):
+                    return True
+            status, body = http_call("GET", f"{self.base_url}/history/{prompt_id}", timeout=5.0)
+            if status == 200 and isinstance(body, dict) and prompt_id in body:
+                return False  # already finished
+            time.sleep(0.05)
+        return False
+
+    def call(self, name, method, path, body=None, timeout=30.0):
+        """One HTTP call to the server as a step; returns its record (``http_status``, ``body``)."""
+        before = self.mark()
+        record = self.request(name, method, path, body, timeout)
+        return self._record(record, before)
+
+    def request(self, name, method, path, body=None, timeout=30.0):
+        """One HTTP call, not recorded as a step (for calls made in parallel); returns its record."""
+        started = time.monotonic()
+        status, answer = http_call(method, self.base_url + path, body, timeout=timeout)
+        return {"name": name, "kind": "http", "method": method, "path": path, "request": body,
+                "http_status": status, "body": answer, "started": started, "ended": time.monotonic(),
+                "seconds": round(time.monotonic() - started, 3)}
+
+    def memx_free(self, name, body=None, timeout=60.0, record=True):
+        """``POST /memx/free?timeout=...`` with ComfyUI's ``/free`` body (default: unload and free all)."""
+        path = f"/memx/free?timeout={timeout:g}"
+        body = dict(FREE_ALL) if body is None else body
+        if record:
+            return self.call(name, "POST", path, body, timeout=timeout + 60.0)
+        return self.request(name, "POST", path, body, timeout=timeout + 60.0)
+
+    def comfy_free(self, name, body=None, record=True):
+        """ComfyUI's own ``POST /free`` (it answers before the worker acts on it)."""
+        body = dict(FREE_ALL) if body is None else body
+        if record:
+            return self.call(name, "POST", "/free", body)
+        return self.request(name, "POST", "/free", body)
+
+    def parallel(self, name, *calls):
+        """Run ``calls`` (no-argument callables, e.g. ``lambda: s.memx_free("a", record=False)``) at once; one
+        step whose ``results`` are theirs."""
+        before = self.mark()
+        results = in_parallel(*calls)
+        record = {"name": name, "kind": "parallel", "ok": not any(isinstance(r, Exception) for r in results),
+                  "results": [r if not isinstance(r, Exception) else {"error": f"{type(r).__name__}: {r}"}
+                              for r in results]}
+        return self._record(record, before)
+
+    def note(self, name, **fields):
+        """An empty step that only marks the logs (e.g. "the receipts came back here")."""
+        return self._record(dict(fields, name=name, kind="note"), self.mark())
+
+    # -- reading back -------------------------------------------------------------------------------------------------
+
+    def step(self, name):
+        """The recorded step called ``name`` (the last one when several are)."""
+        found = [step for step in self.steps if step["name"] == name]
+        if not found:
+            raise KeyError(f"no step {name!r}; steps: {[step['name'] for step in self.steps]}")
+        return found[-1]
+
+    def log_text(self, start=0, end=None):
+        """The server log between two byte offsets, ANSI colours kept (see :func:`strip_ansi`)."""
+        with open(self.log_path, "rb") as handle:
+            handle.seek(start)
+            raw = handle.read() if end is None else handle.read(max(0, end - start))
+        return raw.decode("utf-8", "replace")
+
+    def step_log(self, name):
+        """The server log written during step ``name``."""
+        return self.log_text(*self.step(name)["log_span"])
+
+    def events(self, start=0, end=None):
+        """comfy_memx's events between two line numbers, parsed; a line that is not JSON raises ValueError."""
+        return [json.loads(line) for line in self._event_lines()[start:end]]
+
+    def step_events(self, name, *kinds):
+        """The events written during step ``name``, only those of ``kinds`` when given."""
+        start, end = self.step(name)["event_span"]
+        return [event for event in self.events(start, end) if not kinds or event.get("event") in kinds]
+
+    def events_after(self, name, *kinds):
+        """The events written after step ``name`` ended, only those of ``kinds`` when given."""
+        return [event for event in self.events(self.step(name)["event_span"][1])
+                if not kinds or event.get("event") in kinds]
+
+
 def run(options):
     """Execute one scenario as described by parsed ``options``; return the summary dict (also written to disk)."""
     out_dir = os.path.abspath(options.out)
     os.makedirs(out_dir, exist_ok=True)
     log_path = os.path.join(out_dir, "server.log")
     tree = os.path.abspath(options.tree)
-    port = options.port or free_port()
     summary = {
         "tree": tree, "python": options.python, "launcher": options.launcher, "scenario": options.scenario,
-        "port": port, "ok": False, "error": None, "steps": [], "gets": [],
+        "port": None, "ok": False, "error": None, "steps": [], "gets": [],
     }
-    server = None
+    session = None
     try:
-        summary["node_pack"] = install_node_pack(tree)
-        comfy_args = isolated_dir_args(os.path.join(out_dir, "comfy_dirs")) + list(options.comfy_arg)
-        argv, launcher_env = server_command(options.python, tree, options.launcher, port, comfy_args)
-        env = inherited_env()
-        env.update(launcher_env)
-        env.update(parse_env_pairs(options.env))
-        env["PYTHONUNBUFFERED"] = "1"
-        summary["command"] = argv
-        summary["extra_env"] = {**launcher_env, **parse_env_pairs(options.env)}
-        server = ComfyServer(argv, tree, env, log_path, port)
-        started = time.monotonic()
-        server.start()
-        stats = server.wait_ready(options.boot_timeout)
-        summary["boot_seconds"] = round(time.monotonic() - started, 3)
-        if stats is None:
-            summary["error"] = "server did not answer /system_stats" + ("" if server.alive() else " (exited)")
+        if not os.path.isfile(os.path.join(tree, "main.py")):
+            raise FileNotFoundError(f"{tree} has no main.py; is it a ComfyUI tree?")
+        checkpoint = options.checkpoint
+        if checkpoint is None and options.scenario == "t2i":
+            raise ValueError("the t2i scenario needs --checkpoint (see make_checkpoint.py)")
+        packs = tuple(options.pack) or (NODE_PACK_NAME,)
+        session = Session(tree, options.python, out_dir, launcher=options.launcher, env=parse_env_pairs(options.env),
+                          comfy_args=options.comfy_arg, packs=packs, checkpoint=checkpoint,
+                          events=options.events, port=options.port)
+        summary.update(port=session.port, command=session.argv, extra_env=session.extra_env,
+                       node_pack=os.path.join(session.base, "custom_nodes", NODE_PACK_NAME),
+                       base_directory=session.base, events_log=session.events_path)
+        ready = session.start(options.boot_timeout)
+        summary["boot_seconds"] = session.boot_seconds
+        if not ready:
+            summary["error"] = "server did not answer /system_stats" + ("" if session.alive() else " (exited)")
             return summary
-        summary["system_stats"] = stats
-        summary["comfyui_version"] = stats.get("system", {}).get("comfyui_version")
+        summary["system_stats"] = session.stats
+        summary["comfyui_version"] = session.comfyui_version
         all_ok = True
         for step in scenario_steps(options.scenario):
             if step["kind"] == "prompt":
-                record = run_prompt_step(server, step, options.prompt_timeout)
+                record = session.prompt(step["name"], step["prompt"], options.prompt_timeout)
             else:
-                record = run_free_step(server, step, options.settle)
+                record = session.comfy_free(step["name"], step["body"])
+                record["ok"] = 200 <= record["http_status"] < 300
+                time.sleep(options.settle)  # ComfyUI answers /free before its worker acts on it
             summary["steps"].append(record)
             all_ok = all_ok and record["ok"]
-            if not server.alive():
+            if not session.alive():
                 summary["error"] = f"server exited during step {step['name']!r}"
                 all_ok = False
                 break
         if options.post_memx_free is not None:
-            url = f"{server.base_url}/memx/free?timeout={options.post_memx_free:g}"
-            status, body = http_call("POST", url, dict(FREE_ALL), timeout=options.post_memx_free + 60.0)
-            summary["memx_free"] = {"url": url, "http_status": status, "body": body}
-            all_ok = all_ok and status in (200, 202)
+            record = session.memx_free("memx_free", timeout=options.post_memx_free)
+            summary["memx_free"] = {"url": session.base_url + record["path"], "http_status": record["http_status"],
+                                    "body": record["body"]}
+            all_ok = all_ok and record["http_status"] in (200, 202)
         for path in options.get:
-            url = path if path.startswith("http://") else server.base_url + "/" + path.lstrip("/")
+            url = path if path.startswith("http://") else session.base_url + "/" + path.lstrip("/")
             status, body = http_call("GET", url)
             summary["gets"].append({"url": url, "http_status": status, "body": body})
             all_ok = all_ok and 200 <= status < 300
@@ -389,9 +730,9 @@ def run(options):
     except Exception as error:  # record any harness failure; the server is still stopped below
         summary["error"] = f"{type(error).__name__}: {error}"
     finally:
-        if server is not None:
-            summary["server_exit_code"] = server.stop()
-            summary["stop_method"] = server.stop_method
+        if session is not None:
+            summary["server_exit_code"] = session.stop()
+            summary["stop_method"] = session.stop_method
         log_text = read_text(log_path)
         summary["leak_info_lines"] = lines_containing(log_text, LEAK_INFO_TEXT)
         summary["leak_warning_lines"] = lines_containing(log_text, LEAK_WARNING_TEXT)
@@ -425,6 +766,13 @@ def build_parser():
                         help="after the scenario, POST /memx/free?timeout=TIMEOUT and record the receipt (comfy_memx)")
     parser.add_argument("--comfy-arg", action="append", default=[], metavar="ARG",
                         help="extra ComfyUI argument, e.g. --comfy-arg=--cache-classic (repeatable)")
+    parser.add_argument("--pack", action="append", default=[], metavar="NAME",
+                        help=f"node pack to copy into custom_nodes: {', '.join(sorted(PACK_SOURCES))} or a folder "
+                             f"(repeatable; default {NODE_PACK_NAME})")
+    parser.add_argument("--checkpoint", default=None, metavar="PATH",
+                        help=f"checkpoint linked as models/checkpoints/{CHECKPOINT_NAME} (needed by --scenario t2i)")
+    parser.add_argument("--no-events", dest="events", action="store_false",
+                        help="do not set COMFY_MEMX_EVENTS (default: events.jsonl in --out under comfy_memx)")
     parser.add_argument("--port", type=int, default=0, help="port (default: a free one)")
     parser.add_argument("--boot-timeout", type=float, default=180.0)
     parser.add_argument("--prompt-timeout", type=float, default=120.0)

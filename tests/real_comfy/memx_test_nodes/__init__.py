@@ -1,8 +1,9 @@
 """Model-free ComfyUI test nodes for checking comfy_memx against a real ComfyUI server.
 
-The pack is copied into ``<ComfyUI>/custom_nodes/`` by ``tests/real_comfy/drive.py``. It uses the V1
+The pack is copied into the ``custom_nodes/`` of a server's base directory by ``tests/real_comfy/drive.py``
+(or into ``<ComfyUI>/custom_nodes/`` by its ``install_node_pack``). It uses the V1
 node API (INPUT_TYPES, RETURN_TYPES, FUNCTION, CATEGORY, OUTPUT_NODE) so that the same code loads in
-ComfyUI 0.3.64 and 0.27.0.
+ComfyUI 0.3.64, 0.27.0 and 0.33.0.
 
 * ``MemxTinyModelLoader`` builds a small torch module (a few MB of Linear layers) and returns it wrapped
   in ``comfy.model_patcher.ModelPatcher`` as a MODEL.
@@ -10,12 +11,18 @@ ComfyUI 0.3.64 and 0.27.0.
   forward pass.
 * ``MemxLeakyCache`` loads the MODEL the same way and then keeps the torch module (not the patcher) in
   a class-level dict: once ComfyUI drops the patcher, ComfyUI's own leak check reports the module.
+* ``MemxReleaseCache`` empties that dict (the pack lets go of its leaked modules).
+* ``MemxSleep`` sleeps, so that a prompt is running while a test sends ``/free`` or ``/memx/free``.
+* ``MemxWeightProbe`` passes any value through and reports, for a MODEL, where its first weights live (device,
+  storage address) and ComfyUI's own accounting (``loaded_size()``, whether ``current_loaded_models`` holds it):
+  a ground truth for "did a load or an unload move bytes" that does not depend on comfy_memx.
 
 torch and ``comfy.*`` are imported inside functions only: ComfyUI has imported them before it loads
 custom nodes, and the module stays importable without them for consistency tests.
 """
 
 import hashlib
+import time
 
 CATEGORY = "memx/testing"
 
@@ -165,14 +172,103 @@ class MemxLeakyCache:
         return {"ui": {"memx_leak": [{"key": key, "held": len(type(self)._cache), "checksum": checksum}]}}
 
 
+class MemxReleaseCache:
+    """Let go of every module ``MemxLeakyCache`` keeps (the pack fixes its leak)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"token": ("STRING", {"default": "release"})}}
+
+    RETURN_TYPES = ()
+    FUNCTION = "release"
+    OUTPUT_NODE = True
+    CATEGORY = CATEGORY
+
+    def release(self, token):
+        released = sorted(MemxLeakyCache._cache)
+        MemxLeakyCache._cache.clear()
+        return {"ui": {"memx_release": [{"token": token, "released": released}]}}
+
+
+class MemxSleep:
+    """Sleep ``seconds`` (a prompt that keeps ComfyUI's worker busy for a while)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"seconds": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 60.0, "step": 0.1}),
+                             "token": ("STRING", {"default": "sleep"})}}
+
+    RETURN_TYPES = ()
+    FUNCTION = "sleep"
+    OUTPUT_NODE = True
+    CATEGORY = CATEGORY
+
+    def sleep(self, seconds, token):
+        started = time.time()
+        time.sleep(seconds)
+        return {"ui": {"memx_sleep": [{"token": token, "started": started, "ended": time.time()}]}}
+
+
+class AnyType(str):
+    """A type name equal to every other under ComfyUI's ``!=`` input check (the usual custom-node idiom)."""
+
+    def __ne__(self, other):
+        return False
+
+    __hash__ = str.__hash__
+
+
+ANY = AnyType("*")
+
+
+def weight_facts(patcher):
+    """Where ``patcher``'s weights live and what ComfyUI accounts for them; plain JSON values only."""
+    import comfy.model_management
+
+    module = patcher.model
+    facts = {"model": type(module).__name__, "loaded_size": int(patcher.loaded_size()),
+             "model_size": int(patcher.model_size()),
+             "in_loaded_list": any(entry.model is patcher for entry in comfy.model_management.current_loaded_models),
+             "weights": []}
+    for name, param in list(module.named_parameters())[:4]:
+        facts["weights"].append({"name": name, "device": str(param.device), "dtype": str(param.dtype),
+                                 "data_ptr": int(param.data_ptr()), "bytes": int(param.nelement() *
+                                                                                 param.element_size())})
+    return facts
+
+
+class MemxWeightProbe:
+    """Pass ``value`` through and report :func:`weight_facts` of ``model`` (loads nothing, moves nothing)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"value": (ANY,), "model": ("MODEL",), "label": ("STRING", {"default": "probe"})}}
+
+    RETURN_TYPES = (ANY,)
+    RETURN_NAMES = ("value",)
+    FUNCTION = "probe"
+    OUTPUT_NODE = True
+    CATEGORY = CATEGORY
+
+    def probe(self, value, model, label):
+        facts = dict(weight_facts(model), label=label, time=time.time())
+        return {"ui": {"memx_probe": [facts]}, "result": (value,)}
+
+
 NODE_CLASS_MAPPINGS = {
     "MemxTinyModelLoader": MemxTinyModelLoader,
     "MemxTinySampler": MemxTinySampler,
     "MemxLeakyCache": MemxLeakyCache,
+    "MemxReleaseCache": MemxReleaseCache,
+    "MemxSleep": MemxSleep,
+    "MemxWeightProbe": MemxWeightProbe,
 }
 
 NODE_DISPLAY_NAME_MAPPINGS = {
     "MemxTinyModelLoader": "Memx tiny model loader (test)",
     "MemxTinySampler": "Memx tiny sampler (test)",
     "MemxLeakyCache": "Memx leaky cache (test)",
+    "MemxReleaseCache": "Memx release leaky cache (test)",
+    "MemxSleep": "Memx sleep (test)",
+    "MemxWeightProbe": "Memx weight probe (test)",
 }
