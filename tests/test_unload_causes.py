@@ -141,3 +141,19 @@ def test_with_one_device_for_load_and_offload_nothing_is_copied_and_no_rate_is_c
         load, unload = [e for e in read_events(events) if e["event"] in ("load", "unload")]
         assert load["bytes"] > 0 and load["copied"] is False and load["gb_per_s"] is None
         assert unload["bytes"] > 0 and unload["copied"] is False and unload["gb_per_s"] is None
+
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_dropped_entry_whose_patcher_is_gone_still_says_nothing_was_copied(version, tmp_path):
+    """A node removes ComfyUI's entries and its LoadedModel (with the patcher weakref) dies with them: the unload
+    is reported without a patcher, and --cpu still means nothing was copied (the real trees do exactly this)."""
+    events = tmp_path / "events.jsonl"
+    with memx_on(version, events=events) as mm:
+        mm.set_sim_device("cpu")
+        install_pack(tmp_path, "unloader_pack")
+        import execution
+        run_prompt(execution.PromptExecutor(None), "p0", workflow(0, unloader="ForgetModels"))
+        load, unload = [e for e in read_events(events) if e["event"] in ("load", "unload")]
+        assert unload["reason"] == "dropped" and unload["refcounts"]["patcher"] == 0
+        assert load["copied"] is False and unload["copied"] is False and unload["gb_per_s"] is None

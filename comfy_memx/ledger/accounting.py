@@ -179,6 +179,7 @@ def on_load(entry, patcher, loaded_before, seconds, caller_frame):
     moved = loaded_after - loaded_before
     record.patcher_id = id(patcher)
     record.device = str(getattr(entry, "device", None))
+    record.copies = copies_bytes(patcher)
     record.model_bytes = patcher.model_size()
     record.loaded_bytes = loaded_after
     record.touch()
@@ -189,7 +190,7 @@ def on_load(entry, patcher, loaded_before, seconds, caller_frame):
     record.loaded_at = record.last_used
     reload = causes.on_loaded(record, moved, seconds)
     if STATE.events.wanted:
-        copied = copies_bytes(patcher)
+        copied = record.copies
         STATE.events.emit("load", **_identity(record), bytes=moved, loaded_bytes=loaded_after,
                           seconds=round(seconds, 6), gb_per_s=_rate(moved, seconds) if copied else None,
                           copied=copied, reload=reload)
@@ -215,7 +216,8 @@ def on_unload(patcher, module, loaded_before, loaded_after, fully, seconds, refc
     when = round(time.time(), 6)
     causes.on_unloaded(record, reason, requested, freed, when)
     record.unload_seq = next(_unload_numbers)
-    copied = copies_bytes(patcher) if patcher is not None else None
+    # ComfyUI's LoadedModel holds its patcher by weakref: after model_unload it may already be gone
+    copied = copies_bytes(patcher) if patcher is not None else record.copies
     unload = {"reason": reason, "requested_by": requested, "bytes": freed, "partial": not fully, "copied": copied,
               "refcounts": refcounts, "extra_referrers": max(0, refcounts["module"] - record.live_patchers()),
               "seconds": round(seconds, 6), "gb_per_s": _rate(freed, seconds) if copied is not False else None,

@@ -24,7 +24,7 @@ UNLOADS_KEPT = 16
 
 class ModelRecord:
     """What comfy_memx knows about one torch module."""
-    __slots__ = ("model_id", "model", "module_ref", "patcher_id", "model_bytes", "device", "owner", "loaded_bytes",
+    __slots__ = ("model_id", "model", "module_ref", "patcher_id", "model_bytes", "device", "copies", "owner", "loaded_bytes",
                  "loaded_at", "last_used", "loads", "unloads", "patchers", "leak", "last_unload_cause", "reloads",
                  "reload_seconds", "reload_bytes", "reload_causes", "reload_prompts", "thrash_warned",
                  "unload_seq", "__weakref__")
@@ -36,6 +36,7 @@ class ModelRecord:
         self.patcher_id = None
         self.model_bytes = 0
         self.device = None
+        self.copies = None      # False when its last load had one device for load and offload (see accounting)
         self.owner = Owner()
         self.loaded_bytes = 0
         self.loaded_at = None
