@@ -47,7 +47,7 @@ for _path in (ROOT, HERE):
 
 import common  # noqa: E402
 
-CASES = ("load", "offload", "overhead", "leak", "pins")
+CASES = ("load", "offload", "overhead", "leak", "pins", "features")
 COMFYUI_CASES = ("load", "offload")
 
 
@@ -62,6 +62,8 @@ def run_case(name, options, workspace, comfy=None):
         return importlib.import_module("offload").run(quick=quick, tiny=options.tiny, comfy=comfy, labels=labels)
     if name == "overhead":
         return importlib.import_module("overhead").run(quick=quick, tiny=options.tiny, workspace=workspace)
+    if name == "features":
+        return importlib.import_module("features").run(quick=quick, tiny=options.tiny)
     return importlib.import_module(name).run(quick=quick)
 
 

@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ROOT / "bench" / "run.py"
-CASES = ("load", "offload", "overhead", "leak", "pins")
+CASES = ("load", "offload", "overhead", "leak", "pins", "features")
 STAND_IN_TREE = ROOT / "tests" / "fake_comfy" / "v0_27_0"
 # record() keeps 4 significant digits (values < 1) or 4 decimals: at most this relative error, and nothing more
 ROUNDING = 5.001e-4
@@ -196,6 +196,16 @@ def test_every_case_measures_what_it_says(all_cases):
     assert {"search_s", "objgraph_s", "scan_s", "speedup_vs_objgraph", "search_in_scans"} <= set(leak)
     assert leak["speedup_vs_objgraph"]["target_min"] == 3.0 and leak["search_in_scans"]["target_max"] == 6.0
     assert len(by_metric[("pins", "bytes_registered_per_cycle")]) > 0
+    (pattern,) = by_metric[("features", "pattern_us_per_chain")]
+    assert pattern["value"] > 0 and pattern["chains"] == 9
+    assert set(pattern["patterns"]) == {"class_cache", "callback_registry", "closure", "lru_cache", "module_registry",
+                                        "module_global", "singleton", "thread_frame", "reference_cycle"}
+    (idle,) = by_metric[("features", "idle_check_us")]
+    assert rounded(idle["value"], statistics.median(idle["per_round"]["us"])), idle
+    (share,) = by_metric[("features", "idle_check_share")]
+    assert rounded(share["value"], idle["value"] / 1e6 / share["check_every_s"]), share
+    (trim,) = by_metric[("features", "malloc_trim_s")]
+    assert rounded(trim["value"], statistics.median(trim["per_round"]["seconds"])), trim
 
 
 def test_table_names_every_case_and_flags_every_missed_target(all_cases):
