@@ -1,8 +1,8 @@
 """Case ``features``: what the capabilities beyond naming a leak cost where they run.
 
-* ``pattern_us_per_chain``: :func:`comfy_memx.leaks.patterns.classify` on one holder chain of every pattern (the
+* ``pattern_s_per_chain``: :func:`comfy_memx.leaks.patterns.classify` on one holder chain of every pattern (the
   chains are what strict mode reports for the stand-ins' leaking pack; one classification per reported chain);
-* ``idle_check_us``: one check of the ``COMFY_MEMX_IDLE_UNLOAD`` thread on its usual path (queue empty, idle time not
+* ``idle_check_s``: one check of the ``COMFY_MEMX_IDLE_UNLOAD`` thread on its usual path (queue empty, idle time not
   reached yet), which runs once a second; ``idle_check_share`` is that cost as a fraction of the second;
 * ``malloc_trim_s`` and ``malloc_trim_returned_mib``: ``malloc_trim(0)`` as ``/memx/free`` runs it, after the
   process allocated many small objects (``TRIM_MIB`` MiB of 1 KiB buffers) and freed all but one in
@@ -57,12 +57,9 @@ def _patterns(rounds):
     def classify_all():
         for chain in CHAINS:
             patterns.classify(chain)
-    seconds = _per_call(classify_all, 200, rounds)
-    per_chain = [s / len(CHAINS) * 1e6 for s in seconds]
-    median, low, high = common.spread(per_chain)
+    per_chain = [s / len(CHAINS) for s in _per_call(classify_all, 200, rounds)]
     found = sorted({patterns.classify(chain)[0] for chain in CHAINS})
-    return common.record("features", "pattern_us_per_chain", median, "us", min=low, max=high, rounds=rounds,
-                         chains=len(CHAINS), patterns=found, per_round={"us_per_chain": per_chain})
+    return common.seconds_record("features", "pattern_s_per_chain", per_chain, chains=len(CHAINS), patterns=found)
 
 
 class _Queue:
@@ -89,12 +86,9 @@ def _idle_check(rounds):
         assert watch.unloaded_after is None, "the idle check unloaded during the bench"
     finally:
         STATE.reset()
-    us = [s * 1e6 for s in seconds]
-    median, low, high = common.spread(us)
-    return [common.record("features", "idle_check_us", median, "us", min=low, max=high, rounds=rounds,
-                          per_round={"us": us}),
-            common.record("features", "idle_check_share", median / 1e6 / idle.CHECK_EVERY_S, "fraction",
-                          check_every_s=idle.CHECK_EVERY_S)]
+    check = common.seconds_record("features", "idle_check_s", seconds)
+    return [check, common.record("features", "idle_check_share", check["value"] / idle.CHECK_EVERY_S, "fraction",
+                                 check_every_s=idle.CHECK_EVERY_S)]
 
 
 def _malloc_trim(rounds, mib):
@@ -119,12 +113,10 @@ def _malloc_trim(rounds, mib):
             time.sleep(0.05)
     finally:
         STATE.reset()
-    median, low, high = common.spread(seconds)
     returned_median, returned_low, returned_high = common.spread(returned)
-    return [common.record("features", "malloc_trim_s", median, "s", min=low, max=high, rounds=rounds,
-                          allocated_mib=mib, per_round={"seconds": seconds}),
+    return [common.seconds_record("features", "malloc_trim_s", seconds, allocated_mib=mib),
             common.record("features", "malloc_trim_returned_mib", returned_median, "MiB", min=returned_low,
-                          max=returned_high, allocated_mib=mib, per_round={"mib": returned})]
+                          max=returned_high, rounds=len(returned), allocated_mib=mib, per_round={"values": returned})]
 
 
 def run(quick=False, tiny=False):

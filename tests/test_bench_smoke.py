@@ -97,6 +97,13 @@ def check_seconds(r):
     assert rounded(r["value"], statistics.median(seconds)) and r["rounds"] == len(seconds), r
 
 
+def check_values(r):
+    """A median of per-round values in another unit (MiB returned by malloc_trim, say)."""
+    values = r["per_round"]["values"]
+    assert rounded(r["value"], statistics.median(values)) and r["rounds"] == len(values) > 0, r
+    assert rounded(r["min"], min(values)) and rounded(r["max"], max(values)), r
+
+
 def check_formula(r, records):
     """A ratio of two other records of the same case (``formula`` "a/b"), from their rounded values."""
     top, bottom = r["formula"].split("/")
@@ -139,6 +146,8 @@ def check_records(records):
             check_rate(r)
         elif r["unit"] == "s" and kind:
             check_seconds(r)
+        elif kind == {"values"}:
+            check_values(r)
         else:
             assert not kind, f"per-round data of an unknown kind: {r}"
         if "formula" in r:
@@ -196,16 +205,16 @@ def test_every_case_measures_what_it_says(all_cases):
     assert {"search_s", "objgraph_s", "scan_s", "speedup_vs_objgraph", "search_in_scans"} <= set(leak)
     assert leak["speedup_vs_objgraph"]["target_min"] == 3.0 and leak["search_in_scans"]["target_max"] == 6.0
     assert len(by_metric[("pins", "bytes_registered_per_cycle")]) > 0
-    (pattern,) = by_metric[("features", "pattern_us_per_chain")]
+    (pattern,) = by_metric[("features", "pattern_s_per_chain")]
     assert pattern["value"] > 0 and pattern["chains"] == 9
     assert set(pattern["patterns"]) == {"class_cache", "callback_registry", "closure", "lru_cache", "module_registry",
                                         "module_global", "singleton", "thread_frame", "reference_cycle"}
-    (idle,) = by_metric[("features", "idle_check_us")]
-    assert rounded(idle["value"], statistics.median(idle["per_round"]["us"])), idle
+    (idle,) = by_metric[("features", "idle_check_s")]
     (share,) = by_metric[("features", "idle_check_share")]
-    assert rounded(share["value"], idle["value"] / 1e6 / share["check_every_s"]), share
-    (trim,) = by_metric[("features", "malloc_trim_s")]
-    assert rounded(trim["value"], statistics.median(trim["per_round"]["seconds"])), trim
+    assert idle["value"] > 0 and rounded(share["value"], idle["value"] / share["check_every_s"]), share
+    assert by_metric[("features", "malloc_trim_s")][0]["rounds"] == 2
+    (returned,) = by_metric[("features", "malloc_trim_returned_mib")]
+    assert returned["allocated_mib"] == 16 and 0 <= returned["value"] <= 16, returned
 
 
 def test_table_names_every_case_and_flags_every_missed_target(all_cases):
