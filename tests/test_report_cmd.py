@@ -102,6 +102,28 @@ def test_events_of_several_processes_stay_apart(tmp_path, capsys):
     assert data["packages"][0]["loads"] == 2
 
 
+def test_events_that_copied_nothing_claim_no_transfer_rate(tmp_path, capsys):
+    """Under --cpu the events say copied: false; their bytes count, their seconds make no GB/s."""
+    path = tmp_path / "cpu.jsonl"
+    lines = [ev("load", 0, **identity("BaseModel#1", OWNER), bytes=4_000_000, loaded_bytes=4_000_000, seconds=0.002,
+                gb_per_s=None, copied=False),
+             ev("unload", 1, **identity("BaseModel#1", OWNER), reason="free_request", bytes=4_000_000,
+                partial=False, refcounts={"patcher": 0, "module": 1}, extra_referrers=0, seconds=0.001,
+                gb_per_s=None, copied=False),
+             ev("load", 2, **identity("SDXL#1", OWNER, "SDXL"), bytes=2_000_000, loaded_bytes=2_000_000,
+                seconds=0.001, gb_per_s=2.0, copied=True)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    data = run_json(path, capsys)
+    base, sdxl = (next(m for m in data["models"] if m["model_id"] == name) for name in ("BaseModel#1", "SDXL#1"))
+    assert base["load_bytes"] == 4_000_000 and base["load_gb_per_s"] is None and base["unload_gb_per_s"] is None
+    assert sdxl["load_gb_per_s"] == 2.0
+    [package] = data["packages"]
+    assert package["load_bytes"] == 6_000_000 and package["load_gb_per_s"] == 2.0   # the copying load alone
+    assert report.main([str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "loads 1 (3.8 MiB, - GB/s)" in text, text
+
+
 def test_unreadable_file_is_exit_status_2(tmp_path, capsys):
     assert report.main([str(tmp_path / "missing.jsonl")]) == 2
     assert "cannot read" in capsys.readouterr().err

@@ -2,8 +2,9 @@
 and per owning package.
 
 For each model (``model_id`` within one process) and each custom-node package that loaded models: loads and bytes
-loaded, unloads by reason and bytes freed, transfer rates (GB/s = bytes / seconds / 1e9 over all loads, and over
-all unloads), leaks with the reference chains that held them, and pin evictions.  ``--png`` draws resident bytes
+loaded, unloads by reason and bytes freed, transfer rates (GB/s = bytes / seconds / 1e9 over the loads, and over
+the unloads, that copied bytes: an event with ``copied: false``, as under ``--cpu``, only changed ComfyUI's
+accounting and has no rate), leaks with the reference chains that held them, and pin evictions.  ``--png`` draws resident bytes
 per model over time, one lane per model (a model stays drawn as resident until an unload says otherwise, so one
 load is a band to the end of the log), with loads, unloads and leaks marked (matplotlib, an optional extra:
 ``pip install comfy_memx[plot]``).
@@ -32,19 +33,18 @@ class _Tally:
     def __init__(self):
         self.loads = 0
         self.load_bytes = 0
-        self.load_seconds = 0.0
+        self.load_copied = [0, 0.0]     # bytes and seconds of the loads that copied bytes (their rate)
         self.unloads = {}
         self.unload_bytes = 0
-        self.unload_seconds = 0.0
+        self.unload_copied = [0, 0.0]
         self.leaks = {}
         self.pin_evictions = 0
         self.pin_evicted_bytes = 0
 
     def as_dict(self):
-        return {"loads": self.loads, "load_bytes": self.load_bytes, "load_gb_per_s": _rate(self.load_bytes,
-                                                                                           self.load_seconds),
+        return {"loads": self.loads, "load_bytes": self.load_bytes, "load_gb_per_s": _rate(*self.load_copied),
                 "unloads": dict(sorted(self.unloads.items())), "unload_bytes": self.unload_bytes,
-                "unload_gb_per_s": _rate(self.unload_bytes, self.unload_seconds),
+                "unload_gb_per_s": _rate(*self.unload_copied),
                 "leaks": dict(sorted(self.leaks.items())), "pin_evictions": self.pin_evictions,
                 "pin_evicted_bytes": self.pin_evicted_bytes}
 
@@ -122,10 +122,13 @@ class EventReport:
         nbytes, seconds = _count(event.get("bytes")), _seconds(event.get("seconds"))
         resident = _count(event.get("loaded_bytes"))
         key, row = self._model(event, pid)
+        copied = event.get("copied") is not False
         for tally in (row["tally"], self._package(row["package"])):
             tally.loads += 1
             tally.load_bytes += nbytes
-            tally.load_seconds += seconds
+            if copied:
+                tally.load_copied[0] += nbytes
+                tally.load_copied[1] += seconds
         self._set_resident(key, row, when, resident)
         self.marks.setdefault(key, []).append((when, "load", format_bytes(nbytes)))
         reload = event.get("reload")
@@ -142,10 +145,13 @@ class EventReport:
         nbytes, seconds = _count(event.get("bytes")), _seconds(event.get("seconds"))
         reason = str(event.get("reason") or "other")
         key, row = self._model(event, pid)
+        copied = event.get("copied") is not False
         for tally in (row["tally"], self._package(row["package"])):
             tally.unloads[reason] = tally.unloads.get(reason, 0) + 1
             tally.unload_bytes += nbytes
-            tally.unload_seconds += seconds
+            if copied:
+                tally.unload_copied[0] += nbytes
+                tally.unload_copied[1] += seconds
         self._set_resident(key, row, when, max(0, self._resident.get(key, 0) - nbytes))
         self.marks.setdefault(key, []).append((when, "unload", reason))
 
