@@ -43,6 +43,13 @@ def test_unknown_names_are_warned_about():
     assert cfg.leak_mode == "report"
 
 
+def test_an_unknown_name_next_to_a_bad_value_travels_with_the_error():
+    with pytest.raises(config.ConfigError) as info:
+        config.parse({"COMFY_MEMX_EVENT": "/tmp/x.jsonl", "COMFY_MEMX_LEAK_MODE": "loud"})
+    assert "COMFY_MEMX_LEAK_MODE" in str(info.value)
+    assert len(info.value.warnings) == 1 and "unknown setting COMFY_MEMX_EVENT ignored" in info.value.warnings[0]
+
+
 def test_config_is_immutable():
     with pytest.raises(Exception):
         config.parse({}).leak_mode = "off"

@@ -63,6 +63,12 @@ def test_bad_setting_fails_before_the_script_runs():
     assert "COMFY_MEMX_LEAK_MODE='loud'" in out.stderr and "off, report, strict" in out.stderr
 
 
+def test_a_typo_is_warned_about_even_when_another_setting_is_bad():
+    out = run(["-m", "comfy_memx", "--leak-mode", "loud", str(ECHO)], env={"COMFY_MEMX_EVENT": "/tmp/x.jsonl"})
+    assert out.returncode == 2 and "COMFY_MEMX_LEAK_MODE='loud'" in out.stderr
+    assert "unknown setting COMFY_MEMX_EVENT ignored" in out.stderr
+
+
 def test_bad_setting_from_environment_fails_too():
     out = run(["-m", "comfy_memx", str(ECHO)], env={"COMFY_MEMX_DISABLE": "nope"})
     assert out.returncode == 2 and "COMFY_MEMX_DISABLE" in out.stderr

@@ -12,7 +12,7 @@ import logging
 
 from comfy_memx.core import config, registry
 from comfy_memx.core.discovery import require_patches
-from comfy_memx.core.errors import MemxError
+from comfy_memx.core.errors import ConfigError, MemxError
 from comfy_memx.core.state import STATE
 
 log = logging.getLogger("comfy_memx")
@@ -30,7 +30,12 @@ def bootstrap(source, environ=None):
     if STATE.source is not None:
         return STATE.config
     require_patches(config.PATCH_NAMES)
-    cfg = config.parse(environ)
+    try:
+        cfg = config.parse(environ)
+    except ConfigError as exc:
+        for warning in exc.warnings:
+            log.warning("comfy_memx: %s", warning)
+        raise
     for warning in cfg.warnings:
         log.warning("comfy_memx: %s", warning)
     STATE.configure(cfg, source)

@@ -187,10 +187,14 @@ Config = dataclasses.make_dataclass(
 def parse(environ=None):
     """Parse ``COMFY_MEMX*`` variables from ``environ`` (default ``os.environ``) into a :class:`Config`.
 
-    Raises :class:`ConfigError` on the first bad value, naming the variable and the accepted values.
+    Raises :class:`ConfigError` on the first bad value, naming the variable and the accepted values; the
+    typo-guard warnings go with it (an unknown name next to a bad value is often the same mistake).
     """
     environ = os.environ if environ is None else environ
-    values = {}
+    known = {s.env for s in SETTINGS}
+    unknown = sorted(k for k in environ if k.startswith(PREFIX + "_") and k not in known)
+    warnings = tuple(f"unknown setting {name} ignored (known: {', '.join(sorted(known))})" for name in unknown)
+    values = {"warnings": warnings}
     for setting in SETTINGS:
         raw = environ.get(setting.env)
         if raw is None:
@@ -198,13 +202,10 @@ def parse(environ=None):
         try:
             values[setting.field] = setting.parse(raw)
         except Unusable as exc:
-            raise ConfigError(setting.rejected(raw, f"cannot be used: {exc}")) from None
+            raise ConfigError(setting.rejected(raw, f"cannot be used: {exc}"), warnings) from None
         except (ValueError, TypeError):
-            raise ConfigError(setting.rejected(raw, f"is not valid; accepted: {setting.accepted}")) from None
-    known = {s.env for s in SETTINGS}
-    unknown = sorted(k for k in environ if k.startswith(PREFIX + "_") and k not in known)
-    values["warnings"] = tuple(
-        f"unknown setting {name} ignored (known: {', '.join(sorted(known))})" for name in unknown)
+            raise ConfigError(setting.rejected(raw, f"is not valid; accepted: {setting.accepted}"),
+                              warnings) from None
     return Config(**values)
 
 

@@ -16,7 +16,15 @@ class MemxError(Exception):
 
 
 class ConfigError(MemxError, ValueError):
-    """A setting has a value we cannot accept; the message names the variable and the accepted values."""
+    """A setting has a value we cannot accept; the message names the variable and the accepted values.
+
+    ``warnings`` are the typo-guard messages of the same parse (unknown ``COMFY_MEMX_*`` names), so that whoever
+    reports the error reports them too.
+    """
+
+    def __init__(self, message, warnings=()):
+        super().__init__(message)
+        self.warnings = tuple(warnings)
 
 
 class SetupError(MemxError):
