@@ -840,6 +840,9 @@ def test_strict_mode_names_the_holder_chain(tree, real_session):
     leak = session.step_events("replace_loader", "leak")
     assert [r["path"] for r in leak[0]["referrers"]] == [HOLDER], leak
     assert leak[0]["search"]["complete"] is True
+    [referrer] = leak[0]["referrers"]
+    assert referrer["pattern"] == "class_cache" and "WeakValueDictionary" in referrer["suggestion"], referrer
+    assert any(line.endswith("fix (class_cache): " + referrer["suggestion"]) for line in lines), lines
 
 
 @needs_real_comfyui
@@ -884,7 +887,7 @@ def test_memx_free_names_the_holder_of_a_survivor_and_frees_it_once_released(tre
     survivors = {s["model_id"]: s for s in receipt["body"]["survivors"]}
     assert set(survivors) == {"MemxTinyNet#1"}, survivors
     assert survivors["MemxTinyNet#1"]["reason"] == "leaked"
-    assert [h["path"] for h in survivors["MemxTinyNet#1"]["holders"]] == [HOLDER]
+    assert [(h["path"], h["pattern"]) for h in survivors["MemxTinyNet#1"]["holders"]] == [(HOLDER, "class_cache")]
     assert_prompts_ok(session, "release")
     # Once the pack lets go, the module is gone at once (comfy_memx holds it by weakref only): the next receipt
     # has no survivor, and /memx/models no longer lists it.
@@ -1177,3 +1180,67 @@ def test_same_device_events_claim_no_transfer_rate(tree, real_session):
     assert events and [(e["event"], e["model"], e["copied"], e.get("reason"), e.get("requested_by")) for e in events if e["copied"] is not False] == []
     claimed = [(e["event"], e["model"], e["bytes"], e["gb_per_s"]) for e in events if e["bytes"] and e["gb_per_s"]]
     assert claimed == [], claimed
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Handing the GPU over: the idle unload and the hand-off request/receipt path between two real servers on one host
+# ---------------------------------------------------------------------------------------------------------------
+
+def wait_for_event(session, kind, timeout=30.0):
+    """The first ``kind`` event of the session's log, waiting up to ``timeout`` seconds for it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [e for e in session.events() if e["event"] == kind]
+        if found:
+            return found[0]
+        time.sleep(0.25)
+    return None
+
+
+@needs_real_comfyui
+@pytest.mark.parametrize("tree", real_trees)
+def test_two_real_servers_hand_over_and_an_idle_one_unloads(tree, memx_importable_by_real_python, tmp_path):
+    """Two servers of one tree register in one host registry (their own XDG_RUNTIME_DIR here); the requester's
+    /memx/handoff/request makes the idle giver unload through its worker, both write handoff events; then the
+    requester, idle for 2 s with a model loaded, unloads by itself (COMFY_MEMX_IDLE_UNLOAD)."""
+    if not memx_importable_by_real_python:
+        pytest.skip(f"comfy_memx is not installed for {configured_python()} (pip install --no-deps -e .)")
+    runtime = tmp_path / "runtime"
+    runtime.mkdir()
+    shared = {"COMFY_MEMX_HANDOFF": "host", "XDG_RUNTIME_DIR": str(runtime)}
+    giver = drive.Session(tree, configured_python(), str(tmp_path / "giver"), launcher="module", env=shared)
+    asker = drive.Session(tree, configured_python(), str(tmp_path / "asker"), launcher="module",
+                          env={**shared, "COMFY_MEMX_IDLE_UNLOAD": "2"})
+    try:
+        booted = drive.in_parallel(giver.start, asker.start)
+        assert booted == [True, True], (booted, where(giver), where(asker))
+        loaded = giver.prompt("load", {"1": drive.loader_node("memx-handoff"), "2": drive.sampler_node("1", 1)})
+        assert loaded["ok"], (loaded, where(giver))
+        answer = asker.call("ask", "POST", "/memx/handoff/request?bytes=1000000")
+        assert answer["http_status"] == 200, (answer, where(asker))
+        body = answer["body"]
+        [given] = body["givers"]
+        assert given["pid"] == giver.server.process.pid and given["freed"] == ["MemxTinyNet#1"], body
+        assert given["freed_bytes"] > 0 and body["freed_bytes"] == given["freed_bytes"], body
+        giver_side = wait_for_event(giver, "handoff")
+        assert giver_side["role"] == "giver" and giver_side["to"] == asker.server.process.pid, giver_side
+        assert giver_side["freed"] == ["MemxTinyNet#1"] and giver_side["status"] == "done", giver_side
+        unloads = [e for e in giver.events() if e["event"] == "unload"]
+        assert [u["requested_by"]["via"] for u in unloads] == ["handoff"], unloads
+        assert [e["role"] for e in asker.events() if e["event"] == "handoff"] == ["requester"]
+
+        mine = asker.prompt("load", {"1": drive.loader_node("memx-idle"), "2": drive.sampler_node("1", 1)})
+        assert mine["ok"], (mine, where(asker))
+        idle = wait_for_event(asker, "idle_unload")
+        assert idle is not None, where(asker)
+        assert idle["status"] == "done" and idle["freed"] == ["MemxTinyNet#1"] and idle["idle_s"] == 2, idle
+        assert any("the queue was idle for 2 s: the worker unloaded 1 model(s)" in line
+                   for line in memx_lines(asker.log_text())), where(asker)
+        time.sleep(3)   # once per idle period: nothing more until the next prompt
+        assert [e["event"] for e in asker.events()].count("idle_unload") == 1
+    finally:
+        giver.stop()
+        asker.stop()
+    for session in (giver, asker):
+        text = session.log_text()
+        assert "Traceback" not in text and "comfy_memx: internal error" not in text, where(session)
