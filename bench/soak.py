@@ -79,7 +79,6 @@ REAL_COMFY = os.path.join(ROOT, "tests", "real_comfy")
 PACK_NAME = "memx_soak_nodes"
 PACK_SOURCE = os.path.join(REAL_COMFY, PACK_NAME)
 WORKFLOW_PATH = os.path.join(REAL_COMFY, "workflows", "default_t2i.json")
-MAKE_CHECKPOINT = os.path.join(REAL_COMFY, "make_checkpoint.py")
 CHECKPOINT_NAME = "memx_sd15_random.safetensors"
 NET_CLASS_NAME = "MemxSoakNet"
 MIB = 1024 ** 2
@@ -685,24 +684,12 @@ def ensure_checkpoint(options, log, timeout=900.0):
     """The checkpoint to use: ``--checkpoint``, or the cached one, built with make_checkpoint.py when absent."""
     if options.checkpoint:
         return os.path.abspath(options.checkpoint), 0.0
-    cache = default_cache_dir()
-    path = os.path.join(cache, CHECKPOINT_NAME)
+    path = os.path.join(default_cache_dir(), CHECKPOINT_NAME)
     if os.path.isfile(path) and os.path.getsize(path) > 0:
         return path, 0.0
-    os.makedirs(cache, exist_ok=True)
-    partial = f"{path}.{os.getpid()}.partial"
     log(f"building the random-weight checkpoint {path} with {options.python} (about 25 s) ...")
     started = time.monotonic()
-    command = [options.python, MAKE_CHECKPOINT, "--tree", os.path.abspath(options.comfyui), "--out", partial]
-    try:
-        result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                timeout=max(1.0, timeout), cwd=cache)
-        if result.returncode != 0 or not os.path.isfile(partial):
-            raise RuntimeError(f"make_checkpoint.py failed ({result.returncode}): {result.stdout[-2000:]}")
-        os.replace(partial, path)
-    finally:
-        if os.path.exists(partial):
-            os.unlink(partial)
+    drive().ensure_checkpoint(options.python, os.path.abspath(options.comfyui), path, timeout=max(1.0, timeout))
     return path, time.monotonic() - started
 
 
