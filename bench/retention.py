@@ -12,8 +12,9 @@ one ``bench/soak.py`` builds and caches), then ``POST /memx/free`` unloads and f
 bytes ``malloc_trim`` returned and how long it took, and the bytes live models still hold in RAM.  The server's RSS is
 read again from ``/proc`` one second later.
 
-The table and the JSON report give, per mode, the median over rounds; ``retained_mib`` is RSS after the free minus
-held bytes, what the allocator (not a Python holder) keeps.  Standard library only; the servers run under
+The table and the JSON report give, per mode, the median over rounds; ``unheld_mib`` is RSS after the free minus
+held bytes: the process's own baseline (interpreter, libraries, ComfyUI) plus what the allocator keeps, so the
+difference between the two modes is the allocator's retention that ``malloc_trim`` hands back.  Standard library only; the servers run under
 ``--python`` (an interpreter with the tree's requirements and comfy_memx installed).
 """
 
@@ -87,7 +88,7 @@ def one_server(options, checkpoint, mode, work):
     return {"rss_before_mib": mib(memory["rss_before"]), "rss_after_mib": mib(memory["rss_after"]),
             "rss_after_trim_mib": mib(memory.get("rss_after_trim")), "rss_1s_later_mib": mib(rss_later),
             "held_mib": mib(memory["held_bytes"]),
-            "retained_mib": mib((memory.get("rss_after_trim") or memory["rss_after"]) - memory["held_bytes"]),
+            "unheld_mib": mib((memory.get("rss_after_trim") or memory["rss_after"]) - memory["held_bytes"]),
             "trim_returned_mib": mib(trim.get("returned_bytes")), "trim_s": trim.get("seconds"),
             "trim_skipped": trim.get("skipped"), "freed": len(answer["body"]["freed"])}
 
@@ -120,7 +121,7 @@ def main(argv=None):
         return 1
     shutil.rmtree(work, ignore_errors=True)
     summary = summarize(rounds)
-    keys = ("rss_before_mib", "rss_after_mib", "rss_after_trim_mib", "rss_1s_later_mib", "held_mib", "retained_mib",
+    keys = ("rss_before_mib", "rss_after_mib", "rss_after_trim_mib", "rss_1s_later_mib", "held_mib", "unheld_mib",
             "trim_returned_mib", "trim_s")
     print(f"{'median over ' + str(options.rounds) + ' rounds':<28}" + "".join(f"{m:>12}" for m in MODES))
     for key in keys:
