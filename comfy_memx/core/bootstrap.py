@@ -10,10 +10,10 @@
 
 import logging
 
-from comfy_memx.core import config, registry
-from comfy_memx.core.discovery import require_patches
-from comfy_memx.core.errors import ConfigError, MemxError
-from comfy_memx.core.state import STATE
+from . import config, registry
+from .discovery import require_patches
+from .errors import ConfigError, MemxError
+from .state import STATE
 
 log = logging.getLogger("comfy_memx")
 
