@@ -179,13 +179,13 @@ def on_load(entry, patcher, loaded_before, seconds, caller_frame):
     moved = loaded_after - loaded_before
     record.patcher_id = id(patcher)
     record.device = str(getattr(entry, "device", None))
-    record.copies = copies_bytes(patcher)
     record.model_bytes = patcher.model_size()
     record.loaded_bytes = loaded_after
     record.touch()
     if moved <= 0 and record.loads:
         return
     record.owner = current_owner(caller_frame)
+    record.copies = copies_bytes(patcher)
     record.loads += 1
     record.loaded_at = record.last_used
     reload = causes.on_loaded(record, moved, seconds)
