@@ -18,6 +18,7 @@ import weakref
 import pytest
 
 from comfy_memx.core.state import STATE
+from comfy_memx.leaks import watch as leakwatch
 from comfy_memx.leaks import holders
 from memx_helpers import memx_on, read_events
 
@@ -195,12 +196,19 @@ def leak_into(pack, hold):
     return alive
 
 
-def search_of(mm, events, recorded):
-    """Run ComfyUI's cleanup (the leak watch searches the leaked model) and return (report, leak event)."""
+def search_of(mm, events, recorded, full=False):
+    """Run ComfyUI's cleanup (the leak watch searches the leaked model) and return (report, leak event).
+
+    The automatic search of a new leak stops at the first holder path; ``full`` then asks for the search a user
+    asks for (``search_now``: every holder), and returns its report."""
     mm.cleanup_models_gc()
-    (report,) = recorded
+    report = recorded[-1]
     leak = [e for e in read_events(events) if e["event"] == "leak"][0]
     assert [r["path"] for r in leak["referrers"]] == [chain.path for chain in report.chains]
+    if full:
+        (record,) = [r for r in STATE.ledger.records() if r.model_id == leak["model_id"]]
+        leakwatch.search_now(record)
+        report = recorded[-1]
     return report, leak
 
 
@@ -261,7 +269,7 @@ def test_each_package_rooted_holder_is_found_by_the_probe(strict, kind):
 def test_two_holders_in_the_pack_are_both_found_by_the_probe(strict):
     mm, pack, _, events, recorded = strict
     alive = leak_into(pack, lambda m: (pack.REGISTRY.__setitem__("unet", m), pack.KEEPERS.append(pack.Keeper(m))))
-    report, _ = search_of(mm, events, recorded)
+    report, _ = search_of(mm, events, recorded, full=True)
     assert found(report) == {
         "probe_pack.REGISTRY['unet']": ("probe_pack", "module_global", "probe"),
         "probe_pack.KEEPERS[0].model": ("probe_pack", "module_global", "probe"),
@@ -274,7 +282,7 @@ def test_two_holders_in_the_pack_are_both_found_by_the_probe(strict):
 def test_a_second_holder_outside_the_packages_is_found_by_the_backward_search(strict):
     mm, pack, elsewhere, events, recorded = strict
     alive = leak_into(pack, lambda m: (pack.REGISTRY.__setitem__("unet", m), setattr(elsewhere, "HELD", [m])))
-    report, _ = search_of(mm, events, recorded)
+    report, _ = search_of(mm, events, recorded, full=True)
     assert found(report) == {
         "probe_pack.REGISTRY['unet']": ("probe_pack", "module_global", "probe"),
         f"{ELSEWHERE}.HELD[0]": (ELSEWHERE, "module_global", "backward"),
@@ -289,7 +297,7 @@ def test_a_second_holder_outside_the_packages_is_found_by_the_backward_search(st
 
 
 @pytest.mark.parametrize("strict", VERSIONS, indirect=True)
-def test_a_pack_thread_holding_the_model_in_a_frame_is_found_by_the_fallback(strict):
+def test_a_pack_thread_holding_the_model_in_a_frame_is_found_by_the_probe(strict):
     mm, pack, _, events, recorded = strict
     release = threading.Event()
     threads = []
@@ -301,9 +309,8 @@ def test_a_pack_thread_holding_the_model_in_a_frame_is_found_by_the_fallback(str
         threads[0].join(10)
     ((path, owner),) = found(report).items()
     assert "thread 'pack-holder-thread'" in path and path.endswith("local 'model'")
-    assert owner == ("probe_pack", "thread_frame", "backward")
-    assert not report.stages["probe"]["reached"] and report.stages["backward"]["mode"] == "full"
-    assert report.complete
+    assert owner == ("probe_pack", "thread_frame", "probe")
+    assert report.stages["probe"]["reached"] and report.stages["backward"].get("scans", 0) == 0
     assert_released(pack, alive)
 
 
@@ -315,7 +322,7 @@ def _outside_worker(box, taken, release):
 
 
 @pytest.mark.parametrize("strict", VERSIONS, indirect=True)
-def test_a_leak_rooted_outside_any_package_is_found_by_the_fallback(strict):
+def test_a_leak_held_by_a_thread_outside_any_package_is_found_without_a_heap_scan(strict):
     mm, pack, _, events, recorded = strict
     release, taken = threading.Event(), threading.Event()
     box = []
@@ -329,8 +336,8 @@ def test_a_leak_rooted_outside_any_package_is_found_by_the_fallback(strict):
         release.set()
         worker.join(10)
     assert found(report) == {f"thread 'outside-thread' frame {__name__}._outside_worker local 'model'":
-                             (__name__.split(".")[0], "thread_frame", "backward")}
-    assert report.stages["probe"]["reached"] is False and report.stages["backward"]["mode"] == "full"
+                             (__name__.split(".")[0], "thread_frame", "probe")}
+    assert report.stages["probe"]["reached"] is True and report.stages["backward"].get("scans", 0) == 0
     gc.collect()
     assert alive() is None
 
@@ -407,7 +414,7 @@ def test_an_unseen_reference_from_c_sends_the_model_to_the_backward_search(stric
     alive = leak_into(pack, lambda m: pack.REGISTRY.__setitem__("unet", m))
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(alive()))
     try:
-        report, _ = search_of(mm, events, recorded)
+        report, _ = search_of(mm, events, recorded, full=True)
     finally:
         ctypes.pythonapi.Py_DecRef(ctypes.py_object(alive()))
     assert found(report) == {"probe_pack.REGISTRY['unet']": ("probe_pack", "module_global", "probe")}

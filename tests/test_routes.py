@@ -23,7 +23,7 @@ MODEL_KEYS = {"model", "model_id", "state", "bytes", "loaded_bytes", "load_devic
               "reloads", "reload_seconds", "reload_bytes", "reload_causes", "in_comfyui_loaded_list", "leak"}
 RECEIPT_KEYS = {"status", "worker", "waited_s", "request", "run", "freed", "freed_bytes", "released_bytes",
                 "still_loaded", "survivors", "survivor_bytes", "memory", "prompt_running_at_request"}
-SURVIVOR_KEYS = {"model", "model_id", "owner", "bytes", "resident_bytes", "reason", "leak", "holders", "search"}
+SURVIVOR_KEYS = {"model", "model_id", "owner", "bytes", "resident_bytes", "reason", "leak", "holders", "search", "holder"}
 OWNER_KEYS = {"prompt_id", "node_id", "class_type", "package"}
 
 
@@ -207,7 +207,7 @@ def test_free_waits_for_the_worker_and_names_the_survivor_with_its_chain(version
     chain = survivor["holders"][0]
     assert chain["path"].startswith("leaky_pack.LeakyLoader._cache['qwen_xxx") and len(chain["path"]) <= 300
     assert chain["package"] == "leaky_pack" and chain["root_kind"] == "class_attribute"
-    assert survivor["search"]["complete"] is True
+    assert survivor["search"]["complete"] is True and survivor["holder"]["package"] == "leaky_pack"
     memory = receipt["memory"]
     assert memory["rss_before"] > 0 and memory["rss_after"] > 0 and memory["rss_after_trim"] > 0
     assert memory["trim"]["returned_bytes"] >= 0 and memory["trim"]["seconds"] >= 0

@@ -1,4 +1,4 @@
-"""Answers ComfyUI's leak warnings: who loaded the leaked model (report mode) and what holds it (strict mode).
+"""Answers ComfyUI's leak warnings: who loaded the leaked model, which package holds it, and (strict) the chains.
 
 ComfyUI's ``cleanup_models_gc`` logs "Potential memory leak detected with model X" (INFO) when a LoadedModel's
 patcher is gone but its torch module is alive, runs ``gc.collect()``, then logs "WARNING, memory leak with model X"
@@ -8,16 +8,28 @@ only when there is a suspect does anything more.
 
 Work is proportional to new leaks, not to prompts served:
 
-* a model seen for the first time is investigated once: in strict mode its reference cycle is captured before
-  ComfyUI's collect destroys it, and after the call it is reported as stage ``cycle`` (the collect freed it) or
-  ``rooted`` (still alive: a real leak) with its holder chains;
+* a model seen for the first time is probed once, in every leak mode, before ComfyUI's collect: the forward probe
+  walks from the custom-node packages and stops at the first path to the model (no heap scan; a few ms).  When it
+  finds one, the model is held from a root and the collect cannot free it: that chain names the holding package
+  (``holder_package``), in report mode too, and no cycle is captured.  Only when the probe finds nothing does strict
+  mode capture the reference cycle (the collect may destroy it) and, if the model survives, run the backward
+  search;
 * later sightings of a known leak only update counters on its ledger record (``sightings``, ``last_prompt``,
   ``last_seen``) and write one small ``leak_seen`` event per prompt: no heap search, no log line;
-* a known leak is searched again only when its holders may have changed (its reference count moved since the last
-  search; checked at most after 1, 2, 4, 8 ... sightings) or when a user asks (:func:`search_now`, used by the
+* a known leak is searched again when its last search was deferred or incomplete (at most :data:`MAX_TRIES`
+  searches that ran out), when its holders may have changed (its reference count moved since the last search;
+  checked at most after 1, 2, 4, 8 ... sightings), or when a user asks (:func:`search_now`, used by the
   ``/memx/models/{model_id}/search`` route and the ``/memx/free`` receipt);
-* all strict-mode work in one prompt shares one time cap, ``COMFY_MEMX_LEAK_BUDGET``; a new leak that finds the
-  cap spent is reported at once with ``search: {"deferred": true}`` and searched in a later prompt.
+* strict-mode work in one prompt shares one allowance of CPU time, ``COMFY_MEMX_LEAK_BUDGET`` (time spent waiting
+  for a core or for the GIL does not count, so the answer does not change with the machine's load); a search
+  that would start with less than :data:`MIN_SEARCH_S` left, or while another search of ours runs, is deferred to
+  a later prompt instead, and deferred or incomplete searches go first in the next prompt;
+* one holder search runs at a time in the process (:class:`SearchDesk`), and concurrent requests for the same
+  model share one run, so no search ever meets another one's objects.
+
+Every search result says what it is (``search.result``): ``found``, ``not_found`` after a complete search (only
+then is the holder said to be out of the search's sight, naming what it cannot see), or ``incomplete`` (what was
+searched, why it stopped, and whether it will be tried again).
 
 The leak state lives in the leaked model's ledger record (``record.leak``), so it disappears with the model and the
 bookkeeping is bounded by the number of leaked models.  Suspects are held through their weakrefs only; a strong
@@ -27,6 +39,7 @@ reference here would itself cause the leak it reports.
 import itertools
 import logging
 import sys
+import threading
 import time
 
 from comfy_memx.core.errors import internal_error
@@ -37,10 +50,39 @@ from comfy_memx.ledger import attribution
 log = logging.getLogger("comfy_memx")
 
 _OWN_REFS = 2  # getrefcount's argument and the caller's local
+PROBE_CPU_S = 0.5    # the forward probe of a new leak, in every mode (it usually takes a few ms)
+MIN_SEARCH_S = 0.25  # CPU seconds: with less than this left in the prompt a search is deferred, never started
+MAX_TRIES = 4        # searches of one leak that may run out before it is reported as incomplete for good
+WAIT_FOR_SEARCH_S = 2.0  # how long a prompt's search waits for a requested search of ours to finish
+
+
+class SearchDesk:
+    """The holder searches of this process (a part of the process state): one runs at a time (``running``), and
+    concurrent requests for the same model share one run (``flights``: model_id -> :class:`Flight`)."""
+
+    def __init__(self):
+        self.running = threading.Lock()
+        self.lock = threading.Lock()   # guards ``flights`` only; held for a dict operation, never across a search
+        self.flights = {}
+        self.runs = 0
+
+
+class Flight:
+    """One requested search that later callers for the same model wait for."""
+    __slots__ = ("done", "result")
+
+    def __init__(self):
+        self.done = threading.Event()
+        self.result = None
+
+
+def desk():
+    """This process's :class:`SearchDesk`."""
+    return STATE.part(SearchDesk)
 
 
 class LeakBook:
-    """Strict-mode time spent in the current prompt, and the leaks found in this process (a part of the process
+    """Strict-mode CPU time spent in the current prompt, and the leaks found in this process (a part of the process
     state).  Bounded by the number of leaked models."""
 
     def __init__(self):
@@ -50,14 +92,15 @@ class LeakBook:
         self.rooted_leaks = set()  # model_ids of rooted leaks found in this process (for COMFY_MEMX_LEAK_FAIL)
 
     def remaining(self, window):
-        """Seconds of strict-mode work left in ``window`` (a prompt, or one cleanup call outside prompts) under
+        """CPU seconds of strict-mode work left in ``window`` (a prompt, or one cleanup call outside prompts) under
         ``COMFY_MEMX_LEAK_BUDGET``."""
         if window != self.prompt_id:
             self.prompt_id, self.spent_s = window, 0.0
         return max(0.0, STATE.config.leak_budget - self.spent_s)
 
-    def spend(self, seconds):
-        """Count ``seconds`` of strict-mode work against the current prompt."""
+    def spend(self, window, seconds):
+        """Count ``seconds`` of strict-mode CPU time against ``window``."""
+        self.remaining(window)
         self.spent_s += seconds
 
 
@@ -72,11 +115,14 @@ def rooted_leaks():
 
 
 class Suspect:
-    """A LoadedModel entry whose patcher is gone while its module lives; keeps the module by weakref."""
-    __slots__ = ("module_ref", "record", "cycle", "new")
+    """A LoadedModel entry whose patcher is gone while its module lives; keeps the module by weakref.
+
+    ``probe`` is the forward probe's report of a new suspect (before the collect), ``cycle`` its captured cycle
+    (strict mode, only when the probe found no holder)."""
+    __slots__ = ("module_ref", "record", "cycle", "probe", "new")
 
     def __init__(self, module_ref, record):
-        self.module_ref, self.record, self.cycle = module_ref, record, None
+        self.module_ref, self.record, self.cycle, self.probe = module_ref, record, None, None
         self.new = record.leak is None
 
 
@@ -104,34 +150,51 @@ def suspects(model_management):
 
 
 def before_collect(found):
-    """Strict mode: capture the reference cycle of each new suspect while it still exists (once per model)."""
-    if STATE.config.leak_mode != "strict":
+    """Probe each new suspect once (every mode) and, in strict mode, capture the cycle of those it found no holder
+    for, while the cycle still exists."""
+    mode = STATE.config.leak_mode
+    if mode == "off":
         return
     leaks = book()
     window = found.window
+    searches = desk()
+    from comfy_memx.leaks import holders
     for suspect in found:
         if not suspect.new:
             continue
-        budget = leaks.remaining(window)
         module = suspect.module_ref()
-        if module is None or budget <= 0:
+        if module is None:
             continue
-        from comfy_memx.leaks import holders
+        if not searches.running.acquire(timeout=WAIT_FOR_SEARCH_S):
+            del module
+            continue   # a requested search of ours holds the desk: reported as deferred after the collect
         try:
-            suspect.cycle = holders.capture_cycle(module, budget_s=budget, ignore=_ignored(found))
-            leaks.spend(suspect.cycle.seconds)
+            suspect.probe = holders.find_holders(module, budget_s=PROBE_CPU_S, ignore=_ignored(found),
+                                                 first_path=True, backward=False)
+            if mode == "strict":
+                leaks.spend(window, suspect.probe.cpu_seconds)
+                budget = leaks.remaining(window)
+                if suspect.probe.result != holders.RESULT_FOUND and budget >= MIN_SEARCH_S:
+                    # held by no root the probe sees: it may be a cycle that the collect is about to free
+                    suspect.cycle = holders.capture_cycle(module, budget_s=budget, ignore=_ignored(found))
+                    leaks.spend(window, suspect.cycle.cpu_seconds)
         except Exception as exc:
-            internal_error("leak cycle capture", exc)
-        del module
+            internal_error("leak probe", exc)
+        finally:
+            searches.running.release()
+            del module
 
 
 def after_collect(found):
-    """Report each new suspect once, count the sightings of known ones, and search again where it is due."""
+    """Report each new suspect once, count the sightings of known ones, and search again where it is due.
+
+    Known leaks whose search is waiting (deferred or incomplete) are served before new ones, so that a search
+    put off once is not put off again by the next prompt's new leaks."""
     prompt_id = attribution.current_prompt_id()
     window = found.window
     now = round(time.time(), 6)
     here = sys._getframe()  # the outermost frame of ours that holds a module: the searches skip it
-    for suspect in found:
+    for suspect in sorted(found, key=lambda suspect: suspect.new):
         module = suspect.module_ref()
         # Measured here, with this frame's local as the only reference of ours (as search_now measures it), so
         # that two readings differ only when something else took or dropped a reference.
@@ -147,18 +210,24 @@ def _first_sighting(suspect, module, found, prompt_id, now, context):
     record = suspect.record
     stage = "cycle" if module is None else "rooted"
     record.leak = {"stage": stage, "prompt_id": prompt_id, "time": now, "last_prompt": prompt_id, "last_seen": now,
-                   "sightings": 1, "referrers": [], "search": None, "searches": 0, "next_check": 1, "refs": None,
-                   "window": context[0]}
+                   "sightings": 1, "referrers": [], "search": None, "searches": 0, "tries": 0, "next_check": 1,
+                   "refs": None, "window": context[0], "holder": None}
     report = None
     if stage == "rooted":
         book().rooted_leaks.add(record.model_id)
-        if STATE.config.leak_mode == "strict":
+        probe = suspect.probe
+        if probe is not None and probe.chains:
+            report = probe
+            _store(record, probe, reason="new", refs=context[2])
+        elif STATE.config.leak_mode == "strict":
             report = _search(record, module, found, context, reason="new")
+        else:
+            record.leak["search"] = _probe_only_summary(probe)
     elif suspect.cycle is not None:
         report = suspect.cycle
         record.leak["referrers"] = [classified({"path": report.text, "package": None, "root_kind": "cycle"})]
         record.leak["search"] = _search_summary(report)
-    if report is not None and STATE.config.leak_graph:
+    if report is not None and STATE.config.leak_graph and _has_chain(report):
         _write_graph(record, stage, report)
     _log(record)
     _emit_leak(record, reason="new")
@@ -174,20 +243,26 @@ def _later_sighting(record, module, found, prompt_id, now, context):
     leak["sightings"] += 1
     leak["last_prompt"], leak["last_seen"], leak["window"] = prompt_id, now, context[0]
     if STATE.config.leak_mode == "strict" and leak["stage"] == "rooted" and _search_due(leak, context[2]):
-        _search(record, module, found, context,
-                reason="deferred" if (leak["search"] or {}).get("deferred") else "holders_changed")
+        waiting = (leak["search"] or {}).get("result") in ("deferred", "incomplete")
+        report = _search(record, module, found, context, reason="deferred" if waiting else "holders_changed")
+        if report is not None and STATE.config.leak_graph and _has_chain(report):
+            _write_graph(record, "rooted", report)
         _log(record)
         _emit_leak(record, reason=leak["search"].get("reason") if leak["search"] else "holders_changed")
         return
     STATE.events.emit("leak_seen", model=record.model, model_id=record.model_id, owner=record.owner._asdict(),
-                      stage=leak["stage"], sightings=leak["sightings"], prompt_id=prompt_id)
+                      holder_package=_holder_package(leak), stage=leak["stage"], sightings=leak["sightings"],
+                      prompt_id=prompt_id)
 
 
 def _search_due(leak, refs):
-    """A new search is due when the last one was deferred, or when the module's reference count moved since the
-    last search (its holders may have changed), checked at most after 1, 2, 4, 8 ... sightings."""
+    """A new search is due when the last one was deferred, or ran out with nothing found and fewer than
+    :data:`MAX_TRIES` searches ran out so far, or when the module's reference count moved since the last search
+    (its holders may have changed), checked at most after 1, 2, 4, 8 ... sightings."""
     search = leak["search"] or {}
-    if search.get("deferred"):
+    if search.get("result") == "deferred":
+        return True
+    if search.get("result") == "incomplete" and leak["tries"] < MAX_TRIES:
         return True
     if leak["sightings"] < leak["next_check"]:
         return False
@@ -196,7 +271,8 @@ def _search_due(leak, refs):
 
 
 def _search(record, module, found, context, reason):
-    """Run a strict holder search of ``module`` within what is left of the prompt's cap; store it on the record.
+    """Run a strict holder search of ``module`` within what is left of the prompt's CPU allowance; store it on the
+    record.  Deferred (nothing run) when less than :data:`MIN_SEARCH_S` is left or another search of ours runs.
 
     ``context`` is ``(budget window, reporting frame, reference count)``: the frames from the search out to the
     reporting frame hold the module only to pass it on and are not reported as holders; the reference count, read
@@ -205,31 +281,107 @@ def _search(record, module, found, context, reason):
     window, reporting_frame, refs = context
     leaks = book()
     budget = leaks.remaining(window)
-    leak = record.leak
-    if budget <= 0:
-        leak["search"] = {"deferred": True, "reason": reason,
-                          "note": "COMFY_MEMX_LEAK_BUDGET of this prompt is spent; searched in a later prompt"}
+    least = min(MIN_SEARCH_S, STATE.config.leak_budget)
+    if budget < least or budget <= 0:
+        _defer(record, reason, f"less than {least:g} s of this prompt's COMFY_MEMX_LEAK_BUDGET "
+                               f"({STATE.config.leak_budget:g} s of CPU time) is left; searched in the next prompt")
+        return None
+    searches = desk()
+    if not searches.running.acquire(timeout=WAIT_FOR_SEARCH_S):
+        _defer(record, reason, "another holder search of comfy_memx was running; searched in the next prompt")
         return None
     from comfy_memx.leaks import holders
-    report = holders.find_holders(module, budget_s=budget, ignore=_ignored(found),
-                                  ignore_frames_up_to=reporting_frame)
-    leaks.spend(report.seconds)
-    leak["referrers"] = [referrer_of(chain) for chain in report.chains]
-    leak["search"] = dict(_search_summary(report), reason=reason)
-    leak["searches"] += 1
-    leak["refs"] = refs
+    try:
+        searches.runs += 1
+        # a new (or put off) leak needs its holder named; a changed one is searched in full, to show the new holder
+        report = holders.find_holders(module, budget_s=budget, ignore=_ignored(found),
+                                      ignore_frames_up_to=reporting_frame, first_path=reason != "holders_changed")
+    finally:
+        searches.running.release()
+    leaks.spend(window, report.cpu_seconds)
+    _store(record, report, reason=reason, refs=refs)
     return report
+
+
+def _defer(record, reason, note):
+    record.leak["search"] = {"result": "deferred", "deferred": True, "reason": reason, "note": note}
+
+
+def _store(record, report, reason, refs):
+    """Put a search's chains, holder and summary on the leak record."""
+    leak = record.leak
+    referrers = [referrer_of(chain) for chain in report.chains]
+    summary = dict(_search_summary(report), reason=reason)
+    leak["searches"] += 1
+    if summary["result"] == "incomplete":
+        leak["tries"] += 1
+        summary["tries"] = leak["tries"]
+        summary["retry"] = leak["tries"] < MAX_TRIES
+    if referrers or summary["result"] != "incomplete" or not leak["referrers"]:
+        leak["referrers"] = referrers
+        leak["holder"] = _holder_of(referrers)
+    leak["search"] = summary
+    leak["refs"] = refs
+
+
+def _holder_of(referrers):
+    """The holder a user acts on: the shortest chain rooted in a custom-node package, else the shortest chain."""
+    if not referrers:
+        return None
+    named = [ref for ref in referrers if ref.get("package") not in (None, "?", "core")] or referrers
+    best = named[0]
+    return {key: best.get(key) for key in ("package", "path", "root_kind", "pattern", "suggestion", "stage")}
+
+
+def _holder_package(leak):
+    holder = leak.get("holder") if leak else None
+    return holder.get("package") if holder else None
+
+
+def _probe_only_summary(probe):
+    """Report mode, when the forward probe found no holder: what was searched and how to get the chain."""
+    summary = _search_summary(probe) if probe is not None else {"result": "incomplete", "stopped_by": "not_run"}
+    summary.update(result="incomplete", reason="new",
+                   note="report mode probes only from the custom-node packages; run with COMFY_MEMX_LEAK_MODE="
+                        "strict, or POST /memx/models/{model_id}/search, for the full holder search")
+    return summary
 
 
 def search_now(record, ignore=(), budget_s=None):
     """Search the holders of a leaked model now (a user asked); returns its referrers and search summary.
 
-    Runs on the caller's thread with its own budget (``COMFY_MEMX_LEAK_BUDGET`` unless given), outside any prompt's
-    cap; updates the record's leak state when the model is a known leak.
+    Runs on the caller's thread with its own CPU budget (``COMFY_MEMX_LEAK_BUDGET`` unless given), outside any
+    prompt's allowance, once the process's running search (if any) is done; a caller that asks while a search of
+    the same model runs waits for that run and gets its answer.  Updates the record's leak state when the model
+    is a known leak.
     """
+    searches = desk()
+    with searches.lock:
+        flight = searches.flights.get(record.model_id)
+        leader = flight is None
+        if leader:
+            flight = searches.flights[record.model_id] = Flight()
+    if not leader:
+        wait_s = (budget_s or STATE.config.leak_budget) * 5 + 5
+        if flight.done.wait(wait_s) and flight.result is not None:
+            return flight.result
+        return {"holders": [], "search": {"result": "incomplete", "reason": "requested",
+                                          "note": "the search of this model that was running did not answer"}}
+    try:
+        with searches.running:
+            searches.runs += 1
+            flight.result = _search_now(record, ignore, budget_s)
+        return flight.result
+    finally:
+        with searches.lock:
+            searches.flights.pop(record.model_id, None)
+        flight.done.set()
+
+
+def _search_now(record, ignore, budget_s):
     module = record.module_ref()
     if module is None:
-        return {"holders": [], "search": {"note": "freed before the search"}}
+        return {"holders": [], "search": {"result": "freed", "note": "freed before the search"}}
     from comfy_memx.leaks import holders
     try:
         report = holders.find_holders(module, budget_s=budget_s or STATE.config.leak_budget,
@@ -241,17 +393,19 @@ def search_now(record, ignore=(), budget_s=None):
     referrers = [referrer_of(chain) for chain in report.chains]
     summary = dict(_search_summary(report), reason="requested", note=report.note or None)
     if record.leak is not None and record.leak["stage"] == "rooted":
-        record.leak.update(referrers=referrers, search=summary, refs=refs)
+        record.leak.update(referrers=referrers, search=summary, refs=refs, holder=_holder_of(referrers))
         record.leak["searches"] += 1
-    return {"holders": referrers, "search": summary}
+    return {"holders": referrers, "holder": _holder_of(referrers), "search": summary}
 
 
 def public_state(leak):
     """The leak state of a record as the surfaces show it (None when the model is not a known leak)."""
     if leak is None:
         return None
-    return {key: leak[key] for key in ("stage", "prompt_id", "time", "last_prompt", "last_seen", "sightings",
-                                       "searches", "referrers", "search")}
+    state = {key: leak.get(key) for key in ("stage", "prompt_id", "time", "last_prompt", "last_seen", "sightings",
+                                            "searches", "tries", "referrers", "search", "holder")}
+    state["holder_package"] = _holder_package(leak)
+    return state
 
 
 def referrer_of(chain):
@@ -273,15 +427,21 @@ def _ignored(found):
 def _search_summary(report):
     if hasattr(report, "search_summary"):  # a HolderReport: scans, found_by (probe/backward), the stages' figures
         return report.search_summary()
-    return {"seconds": round(report.seconds, 4), "objects_visited": report.objects_visited,
+    return {"result": "found" if report.members else ("not_found" if report.complete else "incomplete"),
+            "seconds": round(report.seconds, 4), "objects_visited": report.objects_visited,
             "complete": report.complete}
+
+
+def _has_chain(report):
+    """True when a report has something to draw: a chain, or a captured cycle."""
+    return bool(getattr(report, "chains", None) or getattr(report, "members", None))
 
 
 def _emit_leak(record, reason):
     leak = record.leak
     STATE.events.emit("leak", model=record.model, model_id=record.model_id, owner=record.owner._asdict(),
-                      stage=leak["stage"], referrers=leak["referrers"], search=leak["search"],
-                      sightings=leak["sightings"], reason=reason)
+                      holder_package=_holder_package(leak), holder=leak.get("holder"), stage=leak["stage"],
+                      referrers=leak["referrers"], search=leak["search"], sightings=leak["sightings"], reason=reason)
 
 
 def _write_graph(record, stage, report):
@@ -304,27 +464,55 @@ def _write_graph(record, stage, report):
 
 def _log(record):
     leak = record.leak
-    who = f"{record.model} ({record.model_id}), loaded by {record.owner.describe()}"
-    referrers, search = leak["referrers"], leak["search"]
+    loaded = f"loaded by {record.owner.describe()}"
+    name = f"{record.model} ({record.model_id})"
+    referrers, search = leak["referrers"], leak["search"] or {}
     if leak["stage"] == "cycle":
-        log.info("comfy_memx: %s was held only by a reference cycle; ComfyUI's garbage collection freed it", who)
+        log.info("comfy_memx: %s, %s, was held only by a reference cycle; ComfyUI's garbage collection freed it",
+                 name, loaded)
         for ref in referrers:
             log.info("comfy_memx:   cycle: %s", ref["path"])
             log.info("comfy_memx:     fix (%s): %s", ref["pattern"], ref["suggestion"])
         return
+    holder = leak.get("holder")
     if STATE.config.leak_mode != "strict":
-        log.warning("comfy_memx: leaked model %s; run with COMFY_MEMX_LEAK_MODE=strict to name what holds it", who)
+        if holder is not None:
+            log.warning("comfy_memx: leaked model %s is held by package %s (%s), %s", name, holder["package"],
+                        holder["path"], loaded)
+            log.warning("comfy_memx:   fix (%s): %s", holder["pattern"], holder["suggestion"])
+        else:
+            log.warning("comfy_memx: leaked model %s, %s; the quick probe from the custom-node packages found no "
+                        "holder: run with COMFY_MEMX_LEAK_MODE=strict or POST /memx/models/%s/search for the chain",
+                        name, loaded, record.model_id)
         return
-    if search is not None and search.get("deferred"):
-        log.warning("comfy_memx: leaked model %s; its holder search waits for a later prompt (%s)", who,
-                    search["note"])
+    result = search.get("result")
+    if result == "deferred":
+        log.warning("comfy_memx: leaked model %s, %s; its holder search waits for a later prompt (%s)", name,
+                    loaded, search.get("note"))
         return
-    again = " (searched again: its holders changed)" if leak["searches"] > 1 else ""
-    log.warning("comfy_memx: leaked model %s is held by %d reference chain(s)%s%s", who, len(referrers),
-                "" if not search or search.get("complete") else " (search incomplete: budget or depth ran out)", again)
-    for ref in referrers:
-        log.warning("comfy_memx:   %s  [package %s, %s]", ref["path"], ref["package"], ref["root_kind"])
-        log.warning("comfy_memx:     fix (%s): %s", ref["pattern"], ref["suggestion"])
-    if not referrers:
-        log.warning("comfy_memx:   no holder reachable by the garbage collector: it is held from C code or by an "
-                    "object the search skips")
+    if result == "found":
+        again = " (searched again: its holders changed)" if leak["searches"] > 1 else ""
+        held = f"held by package {holder['package']}, " if holder else ""
+        more = (" (the first found; POST /memx/models/%s/search lists every holder)" % record.model_id
+                if search.get("stopped_by") == "first_path" else
+                "" if search.get("complete") else f" (search stopped by {search.get('stopped_by')}: there may be more)")
+        log.warning("comfy_memx: leaked model %s, %s%s, is held by %d reference chain(s)%s%s", name, held, loaded,
+                    len(referrers), more, again)
+        for ref in referrers:
+            log.warning("comfy_memx:   %s  [package %s, %s]", ref["path"], ref["package"], ref["root_kind"])
+            log.warning("comfy_memx:     fix (%s): %s", ref["pattern"], ref["suggestion"])
+        return
+    searched = (f"{search.get('objects_visited', 0)} objects, {search.get('scans', 0)} heap scans, "
+                f"{search.get('cpu_seconds', 0):.2f} s of CPU time")
+    if result == "not_found":
+        from comfy_memx.leaks.holders import NOT_SEEN
+        log.warning("comfy_memx: leaked model %s, %s: a complete search (%s) found no holder the garbage collector "
+                    "can see; it is held by one of: %s", name, loaded, searched, "; ".join(NOT_SEEN))
+        return
+    if search.get("retry"):
+        when = f"searching again in the next prompt (try {leak['tries'] + 1} of {MAX_TRIES})"
+    else:
+        when = (f"not searched again automatically after {leak['tries']} tries; POST "
+                f"/memx/models/{record.model_id}/search or raise COMFY_MEMX_LEAK_BUDGET")
+    log.warning("comfy_memx: leaked model %s, %s: no holder found within the budget (searched %s; stopped by %s); "
+                "%s", name, loaded, searched, search.get("stopped_by"), when)

@@ -36,12 +36,14 @@ import traceback
 import types
 
 from comfy_memx.core.errors import MemxError, internal_error
+from comfy_memx.leaks.holders.budget import Budget
 from comfy_memx.leaks.holders.cycles import describe_cycle, find_cycle
 from comfy_memx.leaks.holders.labels import (attr_text, class_module, describe, dict_keys_of, function_name,
                                        render_labels, safe_repr, type_name)
 from comfy_memx.leaks.holders.packages import display_module_name, module_namespace, package_of
 from comfy_memx.leaks.holders.probe import STAGE_BACKWARD, STAGE_PROBE, GraphChanged, Probe, core_watch_types
-from comfy_memx.leaks.holders.reports import CycleReport, HolderChain, HolderReport, to_dot
+from comfy_memx.leaks.holders.reports import (NOT_SEEN, RESULT_FOUND, RESULT_INCOMPLETE, RESULT_NOT_FOUND,
+                                              CycleReport, HolderChain, HolderReport, to_dot)
 from comfy_memx.leaks.holders.search import (ROOT_C_REGISTRY, ROOT_CLASS_ATTRIBUTE, ROOT_MODULE_GLOBAL,
                                        ROOT_THREAD_FRAME, Search, ThreadLocals, _module_dicts, frames_to_skip)
 
@@ -49,12 +51,13 @@ __all__ = [
     "find_holders", "capture_cycle", "investigate", "safe_repr", "package_of", "to_dot",
     "HolderReport", "HolderChain", "CycleReport",
     "ROOT_MODULE_GLOBAL", "ROOT_CLASS_ATTRIBUTE", "ROOT_THREAD_FRAME", "ROOT_C_REGISTRY",
+    "RESULT_FOUND", "RESULT_NOT_FOUND", "RESULT_INCOMPLETE", "NOT_SEEN",
 ]
 
 DEFAULT_BUDGET_S = 2.0
 DEFAULT_MAX_DEPTH = 20
 DEFAULT_MAX_CHAINS = 10
-DEFAULT_PROBE_BUDGET_S = 0.05  # at most this, and at most a tenth of the search's budget
+DEFAULT_PROBE_BUDGET_S = 0.5  # CPU seconds of the probe's own, never more than the search's budget
 
 _NO_HOLDER_NOTE = ("no gc-visible holder: the target is referenced only by the skipped calling frames, by "
                    "ignored objects, or from C code")
@@ -62,11 +65,12 @@ _NO_HOLDER_NOTE = ("no gc-visible holder: the target is referenced only by the s
 
 def find_holders(target, *, budget_s=DEFAULT_BUDGET_S, max_depth=DEFAULT_MAX_DEPTH,
                  max_chains=DEFAULT_MAX_CHAINS, ignore=(), comfy_root=None, ignore_frames_up_to=1, probe=True,
-                 probe_budget_s=None):
+                 probe_budget_s=None, first_path=False, backward=True):
     """Find the reference chains that keep ``target`` alive, each from a root, shortest first.
 
-    ``budget_s`` bounds the time (a search that runs out reports what it found with ``complete=False``;
-    it may overrun by the error of its estimate of one heap scan).  ``max_depth`` bounds the number of
+    ``budget_s`` bounds the CPU time of the calling thread that the search may use, with a wall-clock safety cap
+    (:mod:`~comfy_memx.leaks.holders.budget`), so that the answer does not depend on how busy the machine is; a
+    search that runs out reports what it found with ``complete=False``.  ``max_depth`` bounds the number of
     references per chain and ``max_chains`` the number of chains.  ``ignore`` lists objects whose references
     do not count (comfy_memx's ledger containers, say); they are compared by identity and not kept.
     ``comfy_root`` is ComfyUI's directory for the ``core`` package (default: guessed, see
@@ -76,12 +80,17 @@ def find_holders(target, *, budget_s=DEFAULT_BUDGET_S, max_depth=DEFAULT_MAX_DEP
     (default 1: the direct caller, which holds ``target`` to pass it in) or a frame object (every frame from
     this call out to that one).  Frames further out are searched like other threads' frames, because a real
     holder can sit there (a prompt worker's local variable); so the caller should hold only the target.
+    comfy_memx's own frames, on any thread, are never holders.
 
-    ``probe`` (default True) runs the forward probe first (see :mod:`comfy_memx.leaks.holders.probe`), within
-    ``probe_budget_s`` (default: the smaller of 50 ms and a tenth of ``budget_s``); ``probe=False`` is the
-    backward search alone.  The chains are the same either way; each says which stage found it.
+    ``probe`` (default True) runs the forward probe first (see :mod:`comfy_memx.leaks.holders.probe`) with a CPU
+    budget of its own, ``probe_budget_s`` (default :data:`DEFAULT_PROBE_BUDGET_S`, never more than ``budget_s``);
+    ``probe=False`` is the backward search alone.  ``first_path`` stops the probe at the first (shortest) path to
+    the target and, when it found one, skips the backward search (``stopped_by="first_path"``): the cheap answer
+    to "who holds it" that a prompt can afford.  ``backward=False`` runs the probe alone (``stopped_by="probe_only"``
+    when it found nothing).  The chains are the same either way; each says which stage found it.
 
-    Returns a :class:`HolderReport`; the search keeps no reference to anything it visited.
+    Returns a :class:`HolderReport`; ``result`` says whether a holder was found, not found after a complete
+    search, or not found by an incomplete one.  The search keeps no reference to anything it visited.
 
     Example::
 
@@ -90,13 +99,23 @@ def find_holders(target, *, budget_s=DEFAULT_BUDGET_S, max_depth=DEFAULT_MAX_DEP
 
     .. versionadded:: 0.1
     .. versionchanged:: 0.2 the forward probe (``probe``, ``probe_budget_s``; ``HolderChain.stage``).
+    .. versionchanged:: 0.3 CPU-time budgets, ``first_path``, ``backward``, ``HolderReport.result``.
     """
     skipped = frames_to_skip(sys._getframe(), ignore_frames_up_to)
     if not probe:
         probe_budget_s = 0.0
     elif probe_budget_s is None:
-        probe_budget_s = min(DEFAULT_PROBE_BUDGET_S, max(0.0, float(budget_s)) / 10)
-    return _find_holders(target, skipped, budget_s, max_depth, max_chains, ignore, comfy_root, probe_budget_s)
+        probe_budget_s = DEFAULT_PROBE_BUDGET_S
+    options = _Options(max_depth, max_chains, ignore, comfy_root, first_path, backward)
+    return _find_holders(target, skipped, budget_s, probe_budget_s, options)
+
+
+class _Options:
+    __slots__ = ("max_depth", "max_chains", "ignore", "comfy_root", "first_path", "backward")
+
+    def __init__(self, max_depth, max_chains, ignore, comfy_root, first_path=False, backward=True):
+        self.max_depth, self.max_chains, self.ignore, self.comfy_root = max_depth, max_chains, ignore, comfy_root
+        self.first_path, self.backward = bool(first_path), bool(backward)
 
 
 def capture_cycle(target, *, budget_s=DEFAULT_BUDGET_S, max_depth=DEFAULT_MAX_DEPTH, ignore=(), comfy_root=None,
@@ -134,7 +153,7 @@ def investigate(target_refs, collect, *, budget_s=DEFAULT_BUDGET_S, max_depth=DE
     .. versionadded:: 0.1
     """
     skipped = frames_to_skip(sys._getframe(), ignore_frames_up_to)
-    probe_budget_s = min(DEFAULT_PROBE_BUDGET_S, max(0.0, float(budget_s)) / 10)
+    options = _Options(max_depth, max_chains, ignore, comfy_root)
     captured = []
     for ref in target_refs:
         target = ref()
@@ -149,8 +168,7 @@ def investigate(target_refs, collect, *, budget_s=DEFAULT_BUDGET_S, max_depth=DE
             cycle.collected = True
             reports.append(cycle)
         else:
-            reports.append(_find_holders(target, skipped, budget_s, max_depth, max_chains, ignore, comfy_root,
-                                         probe_budget_s))
+            reports.append(_find_holders(target, skipped, budget_s, DEFAULT_PROBE_BUDGET_S, options))
         del target
     return reports
 
@@ -159,7 +177,7 @@ def _ids(objects):
     return {id(obj) for obj in objects}
 
 
-def _find_holders(target, skipped, budget_s, max_depth, max_chains, ignore, comfy_root, probe_budget_s):
+def _find_holders(target, skipped, budget_s, probe_budget_s, options):
     """The probe, then the backward search for what it left (or from scratch); see the module docstring.
 
     The target is held by this frame and by :func:`_probe`'s while the probe runs (the two references it is told
@@ -168,7 +186,8 @@ def _find_holders(target, skipped, budget_s, max_depth, max_chains, ignore, comf
     number (tests/test_holders.py fails loudly: every probe then falls back to the backward search).
     """
     started = time.perf_counter()
-    deadline = started + max(0.0, float(budget_s))
+    budget = Budget(budget_s)
+    max_chains, ignore, comfy_root = options.max_chains, options.ignore, options.comfy_root
     search, prober, chains, target_text = None, None, [], type_name(type(target))
     stages, mode, stopped_by = {}, "full", None
     try:
@@ -176,8 +195,8 @@ def _find_holders(target, skipped, budget_s, max_depth, max_chains, ignore, comf
         module_dicts = _module_dicts()
         threads = ThreadLocals(skipped, comfy_root, core_watch_types() if probe_budget_s > 0 else ())
         if probe_budget_s > 0:
-            prober = _probe(target, threads, module_dicts, ignore_ids, ignore, max_depth,
-                            min(probe_budget_s, max(0.0, budget_s)))
+            prober = _probe(target, threads, module_dicts, ignore_ids, ignore, options,
+                            min(probe_budget_s, max(0.0, float(budget_s))))
             if prober is not None:
                 stages[STAGE_PROBE] = prober.stats()
                 if not prober.reached or not prober.entries:
@@ -185,10 +204,15 @@ def _find_holders(target, skipped, budget_s, max_depth, max_chains, ignore, comf
                     prober = None
                 elif prober.complete or len(prober.entries) >= max_chains:
                     mode = "skipped"
+                elif options.first_path:
+                    mode, stopped_by = "skipped", "first_path"
         threads.watched.clear()
-        if mode != "skipped":
+        threads.pack_held.clear()
+        if mode != "skipped" and not options.backward:
+            mode, stopped_by = "skipped", "probe_only"
+        elif mode != "skipped":
             mode = "full" if prober is None else "remaining"
-            search = Search(budget_s=max(0.0, deadline - time.perf_counter()), max_depth=max_depth,
+            search = Search(budget_s=budget.sub(budget.left()), max_depth=options.max_depth,
                             max_chains=max_chains + (len(prober.entries) if prober is not None else 0),
                             ignore_ids=ignore_ids, skipped_frame_ids=skipped, record_edges=False,
                             comfy_root=comfy_root, threads=threads, module_dicts=module_dicts)
@@ -199,9 +223,9 @@ def _find_holders(target, skipped, budget_s, max_depth, max_chains, ignore, comf
                 search.run(target, prober.seeds())
         if prober is not None:
             chains = _probe_chains(prober, module_dicts, comfy_root)
-            if len(prober.entries) >= max_chains and mode == "skipped":
+            if len(prober.entries) >= max_chains and mode == "skipped" and stopped_by is None:
                 stopped_by = "max_chains"
-            elif prober.dropped_deep and mode == "skipped":
+            elif prober.dropped_deep and mode == "skipped" and stopped_by is None:
                 stopped_by = "depth"
         if search is not None:
             known = {chain.path for chain in chains}
@@ -223,7 +247,8 @@ def _find_holders(target, skipped, budget_s, max_depth, max_chains, ignore, comf
             search.release()
     backward = {"mode": mode, "chains": sum(chain.stage == STAGE_BACKWARD for chain in chains)}
     if search is not None:
-        backward.update(seconds=round(time.perf_counter() - search.started, 6), scans=search.scans,
+        backward.update(seconds=round(time.perf_counter() - search.started, 6),
+                        cpu_seconds=round(search.budget.cpu_spent(), 6), scans=search.scans,
                         objects_visited=len(search.level), stopped_by=search.stopped_by)
     stages[STAGE_BACKWARD] = backward
     if STAGE_PROBE in stages:
@@ -233,15 +258,15 @@ def _find_holders(target, skipped, budget_s, max_depth, max_chains, ignore, comf
     return HolderReport(
         target=target_text, chains=chains, seconds=time.perf_counter() - started, objects_visited=visited,
         scans=backward.get("scans", 0), complete=complete, stopped_by=stopped_by,
-        note="" if chains or not complete else _NO_HOLDER_NOTE, stages=stages)
+        note="" if chains or not complete else _NO_HOLDER_NOTE, stages=stages, cpu_seconds=budget.cpu_spent())
 
 
-def _probe(target, threads, module_dicts, ignore_ids, ignore, max_depth, budget_s):
+def _probe(target, threads, module_dicts, ignore_ids, ignore, options, budget_s):
     """Run the forward probe; ``None`` when it failed (a bug of ours, or the graph changed under it)."""
-    prober = Probe(threads=threads, module_dicts=module_dicts, ignore_ids=ignore_ids, max_depth=max_depth)
+    prober = Probe(threads=threads, module_dicts=module_dicts, ignore_ids=ignore_ids, max_depth=options.max_depth)
     try:
         # While it runs, the target is held by this frame's argument and by _find_holders's.
-        prober.run(target, budget_s=budget_s, ignore=ignore, held_by_caller=2)
+        prober.run(target, budget_s=budget_s, ignore=ignore, held_by_caller=2, first_path=options.first_path)
     except GraphChanged:
         prober.release()
         return None
@@ -302,7 +327,7 @@ def _capture_cycle(target, skipped, budget_s, max_depth, ignore, comfy_root):
     return CycleReport(
         target=target_text, members=members, edges=edges, text=text, ancestors=len(search.level) - 1,
         seconds=time.perf_counter() - started, objects_visited=len(search.level), scans=search.scans,
-        complete=search.complete, stopped_by=search.stopped_by, chains=chains)
+        complete=search.complete, stopped_by=search.stopped_by, chains=chains, cpu_seconds=search.budget.cpu_spent())
 
 
 def _report_internal(kind, exc):

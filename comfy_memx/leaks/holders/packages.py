@@ -158,6 +158,16 @@ def _custom_node_part(path, dirs):
     return None
 
 
+def custom_node_package_of_file(path):
+    """The custom-node package a source file belongs to, or ``None`` when it lies in no custom-node directory."""
+    if not isinstance(path, str) or not path:
+        return None
+    dirs = _custom_node_dirs()
+    if "custom_nodes" not in path and not (dirs and os.path.normcase(path).startswith(tuple(dirs))):
+        return None
+    return _custom_node_part(_norm(path), dirs)
+
+
 def custom_node_modules():
     """``[(name, module, package)]`` for every module in ``sys.modules`` loaded from a custom-node directory.
 

@@ -42,6 +42,7 @@ import sys
 import time
 import types
 
+from comfy_memx.leaks.holders.budget import Budget
 from comfy_memx.leaks.holders.labels import _TYPE_MRO, class_module
 from comfy_memx.leaks.holders.packages import custom_node_modules, module_namespace
 from comfy_memx.leaks.holders.search import ROOT_CLASS_ATTRIBUTE, ROOT_MODULE_GLOBAL, ROOT_THREAD_FRAME
@@ -67,6 +68,8 @@ _WALK, _SKIP, _CLASS, _FUNCTION = "walk", "skip", "class", "function"
 # other referents are left to the backward search: their references stay unnamed, which only costs a scan).
 _WIDE = 10_000
 _OWN_MODULE = __name__.split(".", 1)[0]
+_CHECK_EVERY = 256       # objects expanded between two reads of the (CPU-time) clock
+MAX_EXPANDED = 400_000   # objects one probe may expand, whatever its time allows
 
 
 def _refs_outside(seen, obj_id):
@@ -153,7 +156,7 @@ class Probe:
     __slots__ = ("seen", "out", "parents", "roots", "queue", "dist", "order", "at_dist", "entries", "unexplained",
                  "target_id", "threads", "module_dicts", "skip_ids", "max_depth", "verdicts", "leaf_type_ids",
                  "own_dict_ids", "root_modules", "phases_run", "stopped_by", "seconds", "calibrated",
-                 "ignored_refs", "dropped_deep", "held_by_caller")
+                 "ignored_refs", "dropped_deep", "held_by_caller", "cpu_seconds")
 
     def __init__(self, *, threads, module_dicts, ignore_ids, max_depth):
         self.seen = {}
@@ -178,6 +181,7 @@ class Probe:
         self.phases_run = []
         self.stopped_by = None
         self.seconds = 0.0
+        self.cpu_seconds = 0.0
         self.calibrated = refcount_calibrated()
         self.ignored_refs = {}
         self.dropped_deep = False
@@ -187,8 +191,8 @@ class Probe:
 
     @property
     def reached(self):
-        """True when the walk met the target."""
-        return self.target_id in self.parents
+        """True when the walk met the target, or a live thread's frame holds it in a local variable."""
+        return self.target_id in self.parents or self.target_id in self.threads.by_object
 
     @property
     def complete(self):
@@ -197,9 +201,16 @@ class Probe:
 
     # -- the walk ------------------------------------------------------------------------------------------------
 
-    def run(self, target, *, budget_s, ignore=(), held_by_caller=0, phases=(PHASE_PACKAGES, PHASE_CORE)):
+    def run(self, target, *, budget_s, ignore=(), held_by_caller=0, phases=(PHASE_PACKAGES, PHASE_CORE),
+            first_path=False, max_expanded=MAX_EXPANDED):
         """Walk from the package modules, then from ComfyUI's long-lived objects, until the target's holders are
-        all named, the walk is exhausted or ``budget_s`` is spent; then :meth:`settle` what was found.
+        all named (or, with ``first_path``, until the first path to it is found), the walk is exhausted or the
+        budget is spent; then :meth:`settle` what was found.
+
+        ``budget_s`` is CPU time of this thread (:class:`~comfy_memx.leaks.holders.budget.Budget`); it starts
+        after the first phase's set-up (the walk of ``sys.modules`` that finds the packages), so that a slow
+        set-up never leaves the walk itself with nothing.  ``max_expanded`` bounds the objects expanded, a
+        measure of work that does not depend on the machine's load at all.
 
         ``held_by_caller`` is the number of references to ``target`` that the search's own frames hold while this
         runs (arguments of the functions between the public entry point and here, this one's not counted): they
@@ -207,29 +218,32 @@ class Probe:
         """
         started = time.perf_counter()
         self.held_by_caller = int(held_by_caller)
-        deadline = started + max(0.0, float(budget_s))
         self.target_id = id(target)
         self.seen[self.target_id] = target
         del target
+        budget = None
         try:
             for phase in phases:
-                if time.perf_counter() >= deadline:
-                    self.stopped_by = "budget"
+                if budget is not None and budget.stop_reason():
+                    self.stopped_by = budget.stop_reason()
                     break
                 self.phases_run.append(phase)
                 if phase == PHASE_PACKAGES:
                     self._add_package_roots()
                 else:
                     self._add_core_sources()
-                if not self._walk(deadline):
-                    self.stopped_by = "budget"
+                if budget is None:
+                    budget = Budget(budget_s)
+                if not (first_path and self.reached):
+                    self._walk(budget, first_path, max_expanded)
                 if self.reached:
                     self.settle(ignore)
-                    if self.complete or self.stopped_by:
+                    if first_path or self.complete or self.stopped_by:
                         break
         finally:
             self.queue.clear()
             self.seconds = time.perf_counter() - started
+            self.cpu_seconds = budget.cpu_spent() if budget is not None else 0.0
 
     def _add_root(self, obj, kind, only=None):
         obj_id = id(obj)
@@ -248,6 +262,13 @@ class Probe:
                 self.root_modules.add(own_name)
             if id(namespace) in self.module_dicts:
                 self._add_root(namespace, ROOT_MODULE_GLOBAL)
+        held = self.threads.pack_held
+        for value in held:  # local variables of the packs' own frames (a pack's thread holding a model)
+            value_id = id(value)
+            if value_id not in self.out and value_id not in self.skip_ids and value_id not in self.seen:
+                self.seen[value_id] = value
+                self.queue.append((value, value_id, 1, None))
+        held.clear()
 
     def _add_core_sources(self):
         for module_name, name in CORE_CLASSES:
@@ -266,15 +287,27 @@ class Probe:
                 self.queue.append((value, value_id, 1, None))
         watched.clear()
 
-    def _walk(self, deadline):
-        """Expand queued objects breadth first; False if the time ran out."""
+    def _walk(self, budget, first_path, max_expanded):
+        """Expand queued objects breadth first; sets ``stopped_by`` when the budget or ``max_expanded`` ran out.
+
+        With ``first_path`` the walk ends as soon as an expanded object holds the target: breadth first, that is
+        a shortest path from the roots, and nothing beyond it is visited.
+        """
         queue, seen, parents, out = self.queue, self.seen, self.parents, self.out
         max_depth, target_id = self.max_depth, self.target_id
         target = seen[target_id]
-        is_tracked, clock = gc.is_tracked, time.perf_counter
+        is_tracked = gc.is_tracked
+        until_check = 0
         while queue:
-            if clock() >= deadline:
-                return False
+            if until_check <= 0:
+                reason = budget.stop_reason()
+                if reason is None and len(out) >= max_expanded:
+                    reason = "objects"
+                if reason is not None:
+                    self.stopped_by = reason
+                    break
+                until_check = _CHECK_EVERY
+            until_check -= 1
             obj, obj_id, level, only = queue.popleft()
             if obj_id in out:
                 continue
@@ -309,8 +342,9 @@ class Probe:
                 parents.setdefault(target_id, []).extend([obj_id] * (len(ids) - len(refs)))
             refs.clear()
             ref = None
+            if first_path and target_id in parents:
+                break
         target = None
-        return True
 
     def _verdict(self, obj, obj_id):
         """Whether to walk into ``obj``, make it a class root, or leave it alone (by type; no user code runs)."""
@@ -452,7 +486,7 @@ class Probe:
 
     def stats(self):
         """Plain numbers about the walk, for the report."""
-        return {"seconds": round(self.seconds, 6), "objects_visited": len(self.seen), "expanded": len(self.out),
+        return {"seconds": round(self.seconds, 6), "cpu_seconds": round(self.cpu_seconds, 6), "objects_visited": len(self.seen), "expanded": len(self.out),
                 "roots": len(self.roots), "phases": list(self.phases_run), "reached": self.reached,
                 "chains": len(self.entries), "unexplained": len(self.unexplained), "stopped_by": self.stopped_by}
 
@@ -461,3 +495,4 @@ class Probe:
         self.queue.clear()
         self.seen.clear()
         self.threads.watched.clear()
+        self.threads.pack_held.clear()

@@ -9,6 +9,12 @@ import json
 
 STAGE_CYCLE = "cycle"
 STAGE_ROOTED = "rooted"
+RESULT_FOUND = "found"
+RESULT_NOT_FOUND = "not_found"
+RESULT_INCOMPLETE = "incomplete"
+#: What a complete search cannot see: the only holders a "not found" answer can mean.
+NOT_SEEN = ("a reference from C code (an extension's own storage)", "an object the garbage collector does not track",
+            "the objects comfy_memx itself ignores (its ledger, the caller's frames)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +61,15 @@ class HolderReport:
     note: str = ""
     stage: str = STAGE_ROOTED
     stages: dict = dataclasses.field(default_factory=dict)
+    cpu_seconds: float = 0.0
+
+    @property
+    def result(self):
+        """``found`` (at least one chain), ``not_found`` (none after a complete search: only then can the holder
+        be said to be out of the search's sight) or ``incomplete`` (none, and the search stopped early)."""
+        if self.chains:
+            return RESULT_FOUND
+        return RESULT_NOT_FOUND if self.complete else RESULT_INCOMPLETE
 
     def as_dict(self):
         """The report as JSON-ready builtins."""
@@ -66,7 +81,8 @@ class HolderReport:
 
     def search_summary(self):
         """The search's figures as JSON-ready builtins (a leak event's ``search`` object), stage by stage."""
-        return {"seconds": round(self.seconds, 4), "objects_visited": self.objects_visited, "scans": self.scans,
+        return {"result": self.result, "seconds": round(self.seconds, 4), "cpu_seconds": round(self.cpu_seconds, 4),
+                "objects_visited": self.objects_visited, "scans": self.scans,
                 "complete": self.complete, "stopped_by": self.stopped_by,
                 "found_by": {stage: sum(chain.stage == stage for chain in self.chains)
                              for stage in ("probe", "backward")},
@@ -113,6 +129,7 @@ class CycleReport:
     chains: list = dataclasses.field(default_factory=list)
     collected: bool = None
     stage: str = STAGE_CYCLE
+    cpu_seconds: float = 0.0
 
     def as_dict(self):
         """The report as JSON-ready builtins."""

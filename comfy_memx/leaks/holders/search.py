@@ -24,7 +24,9 @@ import threading
 import time
 import types
 
-from comfy_memx.leaks.holders.packages import display_module_name, module_namespace, package_of
+from comfy_memx.leaks.holders.budget import STOP_BUDGET, Budget
+from comfy_memx.leaks.holders.packages import (custom_node_package_of_file, display_module_name, module_namespace,
+                                               package_of)
 
 ROOT_MODULE_GLOBAL = "module_global"
 ROOT_CLASS_ATTRIBUTE = "class_attribute"
@@ -74,7 +76,10 @@ class ThreadLocals:
     frame; the frames are read directly instead.  On the calling thread, the search's own frames are not read,
     the frames in ``skipped_ids`` (the caller's, see ``find_holders(ignore_frames_up_to=...)``) are read only
     to know what they hold (``caller_held``: never reported, and never mistaken for C-held), and the frames
-    further out are read like every other thread's frames.
+    further out are read like every other thread's frames.  comfy_memx's own frames on every thread (a search or a
+    receipt running on another thread, a wrapper of ours around a ComfyUI call) and every frame of a thread of ours
+    (named ``comfy_memx...``) are read like the skipped ones: known, never reported, so that no search names
+    another search of ours as a holder.
 
     Reading ``frame.f_locals`` on CPython 3.11/3.12 stores a snapshot dict in the frame that lives until the
     frame returns or its locals are read again (3.13+ returns a view and stores nothing).  On the calling
@@ -89,7 +94,9 @@ class ThreadLocals:
     generator's locals by the generator, both visible to the gc), plus one per entry of a snapshot left in place.
     The forward probe uses it to tell whether it has seen every holder of an object.  ``watched`` collects the
     local values whose exact type is in ``watch_types`` (ComfyUI's executor, which lives only in a worker
-    thread's frame); whoever reads it must clear it before a heap scan.
+    thread's frame); ``pack_held`` the local values of frames whose code lives in a custom-node package (a pack's
+    own thread holding a model), which the forward probe starts from; whoever reads either must clear it before a
+    heap scan.
     """
 
     def __init__(self, skipped_ids, comfy_root, watch_types=()):
@@ -99,6 +106,7 @@ class ThreadLocals:
         self.frame_ids = set()   # every frame on a live thread's stack
         self.direct = {}         # id(value) -> strong references from live frames that the gc does not show
         self.watched = []
+        self.pack_held = []
         self._watch_ids = {id(cls) for cls in watch_types}
         names = {thread.ident: thread.name for thread in threading.enumerate()}
         me = threading.get_ident()
@@ -115,6 +123,7 @@ class ThreadLocals:
     def _read_stack(self, thread_name, frame, calling_thread, skipped_ids, comfy_root):
         # On the calling thread every frame inside the first skipped one (the search's own) is not read.
         inside_search = calling_thread
+        own_thread = isinstance(thread_name, str) and thread_name.startswith(OWN_THREAD_PREFIX)
         while frame is not None:
             frame_id = id(frame)
             self.frame_ids.add(frame_id)
@@ -123,7 +132,8 @@ class ThreadLocals:
                     inside_search = False
                     self._read_frame(thread_name, frame, comfy_root, calling_thread, skipped=True)
                 elif not inside_search:
-                    self._read_frame(thread_name, frame, comfy_root, calling_thread, skipped=False)
+                    self._read_frame(thread_name, frame, comfy_root, calling_thread,
+                                     skipped=own_thread or is_own_frame(frame))
             elif frame_id in skipped_ids:
                 inside_search = False
             frame = frame.f_back
@@ -143,6 +153,7 @@ class ThreadLocals:
         else:
             label, module = _frame_label(thread_name, frame)
             package = None
+            in_pack = custom_node_package_of_file(frame.f_code.co_filename) is not None
             for name, value in values:
                 if type(value) in _SIMPLE:
                     continue
@@ -151,6 +162,8 @@ class ThreadLocals:
                 self.by_object.setdefault(id(value), []).append((f"{label} local {name!r}", package))
                 if self._watch_ids and id(type(value)) in self._watch_ids:
                     self.watched.append(value)
+                if in_pack:
+                    self.pack_held.append(value)
         if type(local_vars) is dict and sys.version_info < (3, 13):
             # frame slot + our local + getrefcount's argument: nobody else uses this snapshot.
             if calling_thread and sys.getrefcount(local_vars) <= 3:
@@ -168,6 +181,17 @@ class ThreadLocals:
         for name, value in values:
             if name not in in_cells and type(value) not in _SIMPLE:
                 self.direct[id(value)] = self.direct.get(id(value), 0) + 1
+
+
+OWN_THREAD_PREFIX = "comfy_memx"
+_OWN_PACKAGE = __name__.split(".", 1)[0]
+
+
+def is_own_frame(frame):
+    """True for a frame of comfy_memx's own code (a search, a receipt, a wrapper of ours)."""
+    namespace = frame.f_globals
+    name = namespace.get("__name__") if type(namespace) is dict else None
+    return isinstance(name, str) and (name == _OWN_PACKAGE or name.startswith(_OWN_PACKAGE + "."))
 
 
 def _is_search_frame(obj):
@@ -206,14 +230,14 @@ class Search:
     """
 
     __slots__ = ("seen", "child", "level", "edges", "roots", "frontier", "upcoming", "backlog", "has_holder",
-                 "ignored_hit", "own_ids", "ignored_ids", "module_dicts", "threads", "started", "deadline",
+                 "ignored_hit", "own_ids", "ignored_ids", "module_dicts", "threads", "started", "budget",
                  "max_depth", "max_chains", "record_edges", "scans", "single_scan_s", "per_item", "stopped_by",
                  "depth", "target_id")
 
     def __init__(self, *, budget_s, max_depth, max_chains, ignore_ids, skipped_frame_ids, record_edges,
                  comfy_root, threads=None, module_dicts=None):
         self.started = time.perf_counter()
-        self.deadline = self.started + max(0.0, float(budget_s))
+        self.budget = budget_s if isinstance(budget_s, Budget) else Budget(budget_s)
         self.max_depth = int(max_depth)
         self.max_chains = int(max_chains)
         self.record_edges = bool(record_edges)
@@ -314,7 +338,7 @@ class Search:
         frontier = self.frontier
         count = self._affordable(len(frontier))
         if count == 0:
-            self._stop("budget")
+            self._stop(self.budget.stop_reason() or STOP_BUDGET)
             return False
         if count < len(frontier):
             self.backlog.extend(frontier[count:])
@@ -339,8 +363,8 @@ class Search:
         return True
 
     def _affordable(self, waiting):
-        """How many frontier objects the next get_referrers call may take: half the time left if some wait."""
-        left = self.deadline - time.perf_counter()
+        """How many frontier objects the next get_referrers call may take: half the CPU time left if some wait."""
+        left = self.budget.left()
         if left <= 0:
             return 0
         if self.single_scan_s is None:
@@ -354,9 +378,9 @@ class Search:
     def _scan(self, chunk):
         chunk_ids = set(map(id, chunk))
         single = (id(chunk[0]),) if len(chunk) == 1 else None
-        started = time.perf_counter()
+        started = time.thread_time()
         holders = gc.get_referrers(*chunk)
-        self._learn_cost(time.perf_counter() - started, len(chunk))
+        self._learn_cost(time.thread_time() - started, len(chunk))
         for holder in holders:
             holder_id = id(holder)
             if holder_id in self.own_ids or holder is chunk or _is_search_frame(holder):
@@ -388,6 +412,7 @@ class Search:
 
     def _learn_cost(self, seconds, count):
         self.scans += 1
+        seconds = max(seconds, 1e-6)
         if count == 1 or self.single_scan_s is None:
             self.single_scan_s = seconds / (1 + (count - 1) * self.per_item)
         else:
