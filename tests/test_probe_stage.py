@@ -238,7 +238,7 @@ PROBED = {
                   "probe_pack.cached_lookup -> lru_cache entry", "module_global"),
     "class_attribute": (lambda p, m: p.ModelCache.models.__setitem__("unet", m),
                         "probe_pack.ModelCache.models['unet']", "class_attribute"),
-    "thread_local": (lambda p, m: setattr(p.TLS, "model", m), "probe_pack.TLS -> (inside _thread._local)",
+    "thread_local": (lambda p, m: setattr(p.TLS, "model", m), "probe_pack.TLS -> thread-local.model",
                      "module_global"),
     "hostile_holder": (lambda p, m: p.KEEPERS.append(p.Hostile(m)), "probe_pack.KEEPERS[0].held",
                        "module_global"),

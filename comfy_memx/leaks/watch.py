@@ -328,9 +328,11 @@ def _holder_of(referrers):
     """The holder a user acts on: the shortest chain rooted in a custom-node package, else the shortest chain."""
     if not referrers:
         return None
-    named = [ref for ref in referrers if ref.get("package") not in (None, "?", "core")] or referrers
+    named = [ref for ref in referrers if ref.get("holder_package") not in (None, "core")] or referrers
     best = named[0]
-    return {key: best.get(key) for key in ("package", "path", "root_kind", "pattern", "suggestion", "stage")}
+    holder = {key: best.get(key) for key in ("path", "root_kind", "pattern", "suggestion", "stage")}
+    holder["package"] = best.get("holder_package", best.get("package"))
+    return holder
 
 
 def _holder_package(leak):
@@ -409,9 +411,18 @@ def public_state(leak):
 
 
 def referrer_of(chain):
-    """The JSON form of one holder chain, as every surface shows it, with its pattern and the usual fix."""
-    return classified({"path": chain.path, "package": chain.package, "root_kind": chain.root_kind,
-                       "stage": getattr(chain, "stage", "backward")})
+    """The JSON form of one holder chain, as every surface shows it, with its pattern, the usual fix and the
+    package that holds the model (``holder_package``: the root's package, or the pack whose object on a chain from
+    ComfyUI's own objects holds it)."""
+    referrer = {"path": chain.path, "package": chain.package, "root_kind": chain.root_kind,
+                "stage": getattr(chain, "stage", "backward")}
+    inner = getattr(chain, "inner_package", None)
+    kinds = getattr(chain, "kinds", ())
+    referrer["pattern"], referrer["suggestion"] = patterns.classify(
+        dict(referrer, kinds=kinds, inner_package=inner))
+    root_package = chain.package if chain.package not in ("?", None) else None
+    referrer["holder_package"] = inner if inner and root_package in ("core", None) else root_package
+    return referrer
 
 
 def classified(referrer):

@@ -40,7 +40,8 @@ from comfy_memx.leaks.holders.budget import Budget
 from comfy_memx.leaks.holders.cycles import describe_cycle, find_cycle
 from comfy_memx.leaks.holders.labels import (attr_text, class_module, describe, dict_keys_of, function_name,
                                        render_labels, safe_repr, type_name)
-from comfy_memx.leaks.holders.packages import display_module_name, module_namespace, package_of
+from comfy_memx.leaks.holders.packages import (custom_node_package_of_module, display_module_name, module_namespace,
+                                               package_of)
 from comfy_memx.leaks.holders.probe import STAGE_BACKWARD, STAGE_PROBE, GraphChanged, Probe, core_watch_types
 from comfy_memx.leaks.holders.reports import (NOT_SEEN, RESULT_FOUND, RESULT_INCOMPLETE, RESULT_NOT_FOUND,
                                               CycleReport, HolderChain, HolderReport, to_dot)
@@ -285,11 +286,12 @@ def _probe_chains(prober, module_dicts, comfy_root):
     for depth, kind, root_id, start_id, prefix, package in prober.entries:
         objs = prober.objects(prober.chain_ids(root_id, start_id))
         try:
+            shape = _shape(objs, comfy_root)
             for path, owner in _paths(module_dicts, kind, root_id, objs, prefix, package, comfy_root):
                 if path not in paths:
                     paths.add(path)
                     chains.append(HolderChain(path=path, package=owner or "?", root_kind=kind, depth=depth,
-                                              stage=STAGE_PROBE))
+                                              stage=STAGE_PROBE, kinds=shape[0], inner_package=shape[1]))
         except Exception as exc:
             _report_internal("holders.label", exc)
         finally:
@@ -342,16 +344,30 @@ def _chains(search, comfy_root):
     for kind, root_id, start_id, prefix, package in search.roots:
         objs = search.chain_objects(root_id, start_id)
         try:
+            shape = _shape(objs, comfy_root)
             for path, owner in _paths(search.module_dicts, kind, root_id, objs, prefix, package, comfy_root):
                 if path not in paths:
                     paths.add(path)
                     chains.append(HolderChain(path=path, package=owner or "?", root_kind=kind,
-                                              depth=len(objs) - 1, stage=STAGE_BACKWARD))
+                                              depth=len(objs) - 1, stage=STAGE_BACKWARD, kinds=shape[0],
+                                              inner_package=shape[1]))
         except Exception as exc:
             _report_internal("holders.label", exc)
         finally:
             objs.clear()
     return chains
+
+
+def _shape(objs, comfy_root):
+    """``(kinds, inner_package)`` of a chain's objects (see :class:`HolderChain`), from their types only."""
+    kinds = tuple(type_name(type(obj)) for obj in objs)
+    inner = None
+    for obj in reversed(objs[:-1]):
+        module = class_module(type(obj))
+        inner = custom_node_package_of_module(module) if module not in ("?", "builtins") else None
+        if inner is not None:
+            break
+    return kinds, inner
 
 
 def _paths(module_dicts, kind, root_id, objs, prefix, package, comfy_root):

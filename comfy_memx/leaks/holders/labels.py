@@ -11,7 +11,10 @@ import functools
 import gc
 import itertools
 import operator
+import re
+import threading
 import types
+import weakref
 
 from comfy_memx.leaks.holders.packages import display_module_name, module_namespace
 
@@ -21,6 +24,8 @@ _TYPE_MRO = type.__dict__["__mro__"]
 _TYPE_MODULE = type.__dict__["__module__"]
 _TYPE_QUALNAME = type.__dict__["__qualname__"]
 _LRU_WRAPPER = type(functools.lru_cache(maxsize=None)(len))
+_THREAD_LOCAL = threading.local
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _MISSING = object()
 _SIMPLE = frozenset({str, int, float, bool, bytes, complex, type(None), type(Ellipsis)})
 # Getters of builtin types that only read a field: safe to call on any instance of these exact types.
@@ -79,7 +84,7 @@ def safe_repr(obj, limit=80):
         name = type_name(type(obj))
         room = max(int(limit) - len(suffix) - 1, 8)
         return "<" + (name if len(name) <= room else "..." + name[3 - room:]) + suffix
-    return _truncate(text, limit)
+    return _truncate(_ADDRESS.sub("", text), limit)
 
 
 def describe(obj):
@@ -261,6 +266,13 @@ def hop(objs, i):
                 return f" -> lru_cache[{safe_repr(key, 60)}]", 2
         if child is not inner:
             return " -> lru_cache entry", 1
+    if issubclass(cls, _THREAD_LOCAL) and type(child) is dict and type(after) is dict:
+        # threading.local: its per-thread dicts are values of a dict keyed by weak references to the threads
+        if i + 3 < len(objs):
+            key = dict_key_of(after, objs[i + 3])
+            if key is not _MISSING:
+                return f" -> thread-local{attr_text(key)}", 3
+        return " -> thread-local", 2
     if issubclass(cls, (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)):
         frame = getattr(holder, {types.GeneratorType: "gi_frame", types.CoroutineType: "cr_frame"}.get(
             cls, "ag_frame"), None)
@@ -274,6 +286,9 @@ def hop(objs, i):
     if issubclass(cls, dict):
         key = dict_key_of(holder, child)
         if key is not _MISSING:
+            if type(key) is weakref.ReferenceType:
+                referent = key()
+                return f"[<weak reference to {type_name(type(referent)) if referent is not None else 'a dead object'}>]", 1
             return f"[{safe_repr(key, 60)}]", 1
         if _is_dict_key(holder, child):
             return " -> dict key", 1

@@ -168,6 +168,14 @@ def custom_node_package_of_file(path):
     return _custom_node_part(_norm(path), dirs)
 
 
+def custom_node_package_of_module(name):
+    """The custom-node package of the module named ``name`` in ``sys.modules``, or ``None``."""
+    module = sys.modules.get(name)
+    if not isinstance(module, ModuleType):
+        return None
+    return custom_node_package_of_file(module_namespace(module).get("__file__"))
+
+
 def custom_node_modules():
     """``[(name, module, package)]`` for every module in ``sys.modules`` loaded from a custom-node directory.
 

@@ -26,7 +26,9 @@ class HolderChain:
     ``module_global``, ``class_attribute``, ``thread_frame``, ``c_registry``; ``depth`` counts the references
     from the root object to the target.  ``stage`` says which stage of the search found it: ``probe`` (the forward
     walk from the custom-node packages and ComfyUI's long-lived objects) or ``backward`` (the heap-scanning search
-    from the target).
+    from the target).  ``kinds`` names the type of every object on the chain (root first, target last), which is
+    what the holder patterns read; ``inner_package`` is the custom-node package of the innermost object on the chain
+    whose class a pack defines (a pack's node instance kept by ComfyUI's cache, say), or None.
     """
 
     path: str
@@ -34,6 +36,8 @@ class HolderChain:
     root_kind: str
     depth: int
     stage: str = "backward"
+    kinds: tuple = ()
+    inner_package: str = None
 
 
 @dataclasses.dataclass
