@@ -34,7 +34,7 @@ def test_owner_of_a_load_from_a_custom_node_inside_a_prompt(version, tmp_path):
         assert executor.success, executor.status_messages
         record = STATE.ledger.records()[0]
         assert record.owner._asdict() == {"prompt_id": "prompt-1", "node_id": "1", "class_type": "LeakyLoader",
-                                          "package": "leaky_pack"}
+                                          "package": "leaky_pack", "via": None}
         load = [e for e in read_events(events_path) if e["event"] == "load"][0]
         assert load["owner"]["package"] == "leaky_pack" and load["model_id"] == record.model_id
         assert load["bytes"] == record.model_bytes == 4 * 1024 * 4
@@ -54,7 +54,8 @@ def test_core_node_load_and_load_outside_a_prompt(version, tmp_path):
         outside = make_patcher(2, 64)
         mm.load_models_gpu([outside])
         record = STATE.ledger.find(outside.model)
-        assert record.owner._asdict() == {"prompt_id": None, "node_id": None, "class_type": None, "package": "core"}
+        assert record.owner._asdict() == {"prompt_id": None, "node_id": None, "class_type": None, "package": "core",
+                                          "via": None}
 
 
 @pytest.mark.parametrize("version", VERSIONS)

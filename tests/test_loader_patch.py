@@ -120,7 +120,8 @@ def test_file_load_event_fields_and_byte_counts(version, files, tmp_path):
         assert event["tensors"] == len(state) and event["device"] == "cpu"
         assert event["seconds"] > 0
         assert event["gb_per_s"] == pytest.approx(event["bytes"] / event["seconds"] / 1e9, rel=0.01, abs=1e-3)
-        assert event["owner"] == {"prompt_id": None, "node_id": None, "class_type": None, "package": "core"}
+        assert event["owner"] == {"prompt_id": None, "node_id": None, "class_type": None, "package": "core",
+                                  "via": None}
     assert (mapped["format"], pickled["format"], copied["format"]) == ("safetensors", "pickle", "safetensors")
     assert (mapped["lazy"], pickled["lazy"], copied["lazy"]) == (True, False, False)
 

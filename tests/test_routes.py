@@ -24,7 +24,7 @@ MODEL_KEYS = {"model", "model_id", "state", "bytes", "loaded_bytes", "load_devic
 RECEIPT_KEYS = {"status", "worker", "waited_s", "request", "run", "freed", "freed_bytes", "released_bytes",
                 "still_loaded", "survivors", "survivor_bytes", "memory", "prompt_running_at_request"}
 SURVIVOR_KEYS = {"model", "model_id", "owner", "bytes", "resident_bytes", "reason", "leak", "holders", "search", "holder"}
-OWNER_KEYS = {"prompt_id", "node_id", "class_type", "package"}
+OWNER_KEYS = {"prompt_id", "node_id", "class_type", "package", "via"}
 
 
 class Stop(BaseException):
@@ -165,7 +165,7 @@ def test_models_route_lists_each_model_with_its_schema(version, tmp_path):
     assert set(row) == MODEL_KEYS and set(row["owner"]) == OWNER_KEYS
     assert row["model"] == "BaseModel" and row["model_id"] == "BaseModel#1"
     assert row["owner"] == {"prompt_id": prompt_id, "node_id": "1", "class_type": "LeakyLoader",
-                            "package": "leaky_pack"}
+                            "package": "leaky_pack", "via": None}
     assert row["state"] == "loaded" and row["in_comfyui_loaded_list"] is True and row["leak"] is None
     assert row["bytes"] == row["loaded_bytes"] == 4 * 1024 * 4
     assert sum(row["bytes_by_device"].values()) == row["bytes"] and row["load_device"] in row["bytes_by_device"]

@@ -1,9 +1,12 @@
-"""Who asked for a model: the prompt and node executing now, and the custom-node package on the call stack.
+"""Who asked for a model: the prompt and node executing now, and the custom-node package whose work it is.
 
 ComfyUI sets ``comfy_execution.utils.current_executing_context`` (prompt_id, node_id) around every node function;
 the class_type comes from the prompt that :func:`begin_prompt` recorded (the execution patch calls it).  The package
-is the folder under a ``custom_nodes`` directory of the innermost stack frame that lives there, else ``"core"``.
-Everything here is cheap enough for a load: a context-variable read, a dict lookup and a walk of the stack with a per-file cache.
+is the one that defines the executing node's class (``nodes.NODE_CLASS_MAPPINGS``): the node whose work asked for
+the load owns it, even when another pack's wrapper around a core function (``comfy.sample.sample``, say) sits on the
+stack; that pack is named as ``via``.  Outside a node (a pack's own thread, a route) the package is the folder under
+a ``custom_nodes`` directory of the innermost stack frame that lives there, else ``"core"``.  Everything here is
+cheap enough for a load: a context-variable read, two dict lookups and a walk of the stack with a per-file cache.
 """
 
 import os
@@ -16,18 +19,20 @@ MAX_FRAMES = 128
 
 
 class Owner(NamedTuple):
-    """Where a load came from; the node fields are None outside a prompt."""
+    """Where a load came from; the node fields are None outside a prompt.  ``via`` names another package whose code
+    was on the stack between the node and the load (a pack wrapping a core function), or is None."""
     prompt_id: Optional[str] = None
     node_id: Optional[str] = None
     class_type: Optional[str] = None
     package: Optional[str] = None
+    via: Optional[str] = None
 
     def describe(self):
         """A short human-readable form for log lines."""
         parts = []
         if self.node_id is not None:
             parts.append(f"node {self.node_id} ({self.class_type or '?'})")
-        parts.append(f"package {self.package or '?'}")
+        parts.append(f"package {self.package or '?'}" + (f" (via {self.via})" if self.via else ""))
         if self.prompt_id is not None:
             parts.append(f"prompt {self.prompt_id}")
         return ", ".join(parts)
@@ -68,7 +73,33 @@ def _executing_context():
 
 def current_owner(frame=None):
     """The :class:`Owner` of a load requested now; ``frame`` is where to start the package search (the caller)."""
-    return Owner(*node_context(), package_on_stack(frame or sys._getframe(1)))
+    prompt_id, node_id, class_type = node_context()
+    on_stack = package_on_stack(frame or sys._getframe(1))
+    node_package = package_of_node(class_type) if class_type is not None else None
+    if node_package is None:
+        return Owner(prompt_id, node_id, class_type, on_stack)
+    return Owner(prompt_id, node_id, class_type, node_package, on_stack if on_stack != node_package else None)
+
+
+_package_by_class = {}
+
+
+def package_of_node(class_type):
+    """The package that defines the node class ``class_type`` (``"core"`` for ComfyUI's own), or None when
+    ComfyUI's node table is not loaded or does not have it."""
+    nodes = sys.modules.get("nodes")
+    mappings = getattr(nodes, "NODE_CLASS_MAPPINGS", None) if nodes is not None else None
+    cls = mappings.get(class_type) if isinstance(mappings, dict) else None
+    if cls is None:
+        return None
+    cached = _package_by_class.get(class_type)
+    if cached is not None and cached[0] is cls:
+        return cached[1]
+    module = sys.modules.get(getattr(cls, "__module__", None) or "")
+    package = package_of_file(getattr(module, "__file__", None) or "") or "core"
+    if len(_package_by_class) < 10_000:
+        _package_by_class[class_type] = (cls, package)
+    return package
 
 
 def node_context():
