@@ -22,6 +22,7 @@ Settings: ``COMFY_MEMX_DISABLE=execution`` (no class_type in owners; ``/memx/fre
 import inspect
 import sys
 
+from comfy_memx.core import registry
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.patching import Patch
 from comfy_memx.ledger import accounting, attribution, causes
@@ -35,7 +36,15 @@ def _prompt_arguments(args, kwargs):
     return prompt, prompt_id
 
 
+def _audit_sites():
+    try:
+        registry.audit()
+    except Exception as exc:
+        internal_error("replaced-wrapper audit", exc)
+
+
 def _begin(args, kwargs):
+    _audit_sites()
     try:
         prompt, prompt_id = _prompt_arguments(args, kwargs)
         attribution.begin_prompt(prompt_id, prompt)
@@ -96,6 +105,7 @@ def _memx_get_output_data(module, original, switch):
             return None
 
     def settle(watched, args, kwargs):
+        _audit_sites()   # a node may have replaced one of our sites (ComfyUI-MultiGPU does, from its loaders)
         if watched is None:
             return
         try:
@@ -130,7 +140,9 @@ def _memx_set_flag(module, original, switch):
     def set_flag(self, *args, **kwargs):
         if switch.on:
             try:
-                freeing.flag_set(self, args[0] if args else kwargs.get("name"))
+                name = args[0] if args else kwargs.get("name")
+                freeing.flag_set(self, name)
+                causes.note_flag_set(name, sys._getframe(1))
             except Exception as exc:
                 internal_error("free flag tracking", exc)
         return original(self, *args, **kwargs)
@@ -141,7 +153,12 @@ def _memx_get_flags(module, original, switch):
     def get_flags(self, *args, **kwargs):
         if not switch.on:
             return original(self, *args, **kwargs)
-        return freeing.read_flags(self, original, args, kwargs)
+        flags = freeing.read_flags(self, original, args, kwargs)
+        try:
+            causes.flags_served(flags)
+        except Exception as exc:
+            internal_error("free flag tracking", exc)
+        return flags
     return get_flags
 
 

@@ -108,3 +108,38 @@ def test_stale_alias_to_the_wrapper_passes_through_after_unpatch():
     alias = module.compute               # like `from comfy.utils import load_torch_file` in another module
     wrapping.unwrap(module, "compute")
     assert alias(1) == (1, 2, {}) and calls == []
+
+
+def test_a_foreign_wrapper_that_calls_ours_is_left_alone_by_the_audit():
+    module, calls = make_module(), []
+    wrapping.wrap(module, "compute", counting_wrapper(calls))
+    ours = module.compute
+
+    def foreign(*args, **kwargs):          # wraps ours the usual way: it calls what it found
+        return ours(*args, **kwargs)
+    module.compute = foreign
+    try:
+        assert wrapping.audit() == []
+        assert module.compute is foreign and module.compute(1) == (1, 2, {}) and calls == [(1,)]
+    finally:
+        module.compute = ours
+        wrapping.unwrap(module, "compute")
+
+
+def test_a_replacement_that_bypasses_ours_is_wrapped_on_top_once_and_counted_once():
+    module, calls = make_module(), []
+    wrapping.wrap(module, "compute", counting_wrapper(calls), site=("fake", "compute"))
+    ours = module.compute
+    original = ours.__wrapped__
+
+    def replacement(*args, **kwargs):      # reaches the original around us (inspect.unwrap), as some packs do
+        return original(*args, **kwargs)
+    module.compute = replacement
+    [(site, owner, attr, found)] = wrapping.audit()
+    assert (site, owner, attr, found) == (("fake", "compute"), "memx_fake_target", "compute", replacement)
+    assert wrapping.audit() == []                          # said once
+    assert module.compute.__wrapped__ is replacement
+    assert module.compute(3) == (3, 2, {}) and calls == [(3,)]
+    assert ours(4) == (4, 2, {}) and calls == [(3,)]       # the old wrapper now passes through
+    assert wrapping.unwrap(module, "compute") == "restored"
+    assert module.compute is replacement                   # the replacement stays: that pack chose it

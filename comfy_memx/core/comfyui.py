@@ -1,4 +1,5 @@
-"""Which ComfyUI comfy_memx runs in: its version, read without importing anything of ComfyUI."""
+"""Which ComfyUI comfy_memx runs in (its version, read without importing anything of ComfyUI), and which
+custom-node package a source file belongs to."""
 
 import ast
 import os
@@ -32,3 +33,18 @@ def running_version(model_management=None):
     if not path:
         return None
     return version_of_tree(os.path.dirname(os.path.dirname(os.path.abspath(path))))
+
+
+CUSTOM_NODES_DIR = "custom_nodes"
+
+
+def package_of_file(filename):
+    """The folder (or single-file module name) right under a custom_nodes directory in ``filename``, else None."""
+    if not filename or CUSTOM_NODES_DIR not in filename:
+        return None
+    parts = os.path.normpath(filename).split(os.sep)
+    for i in range(len(parts) - 2, -1, -1):
+        if parts[i] == CUSTOM_NODES_DIR:
+            name = parts[i + 1]
+            return name[:-3] if name.endswith(".py") else name
+    return None

@@ -41,7 +41,8 @@ class Patch:
         results = {}
         for dotted, factory in self.sites.items():
             try:
-                results[dotted] = wrapping.wrap(module, dotted, functools.partial(factory, module))
+                results[dotted] = wrapping.wrap(module, dotted, functools.partial(factory, module),
+                                                site=(self.name, dotted))
             except PatchSkipped as skipped:
                 results[dotted] = skipped
         self.after_patch(module)

@@ -13,7 +13,8 @@ import logging
 import sys
 
 from comfy_memx._version import __version__
-from comfy_memx.core import importhook
+from comfy_memx.core import importhook, wrapping
+from comfy_memx.core.comfyui import package_of_file
 from comfy_memx.core.config import PATCH_NAMES
 from comfy_memx.core.errors import PatchSkipped, internal_error
 from comfy_memx.core.state import STATE
@@ -87,7 +88,40 @@ def remove_all():
 
 def is_patched(name, site):
     """True when site ``site`` of patch ``name`` is applied in this process."""
-    return table().status.get((name, site), (None,))[0] == "patched"
+    return table().status.get((name, site), (None,))[0] in ("patched", "rewrapped")
+
+
+def _function_name(func):
+    """``module.qualname`` of a function, with a custom node's module named from its folder (ComfyUI registers a
+    pack's module under its file path)."""
+    module = getattr(func, "__module__", None) or "?"
+    module = module.replace("\\", "/").rsplit("/", 1)[-1]
+    return f"{module}.{getattr(func, '__qualname__', '?')}"
+
+
+def audit():
+    """Notice the sites whose wrapper another pack replaced (it no longer calls ours), wrap the replacement on top,
+    and say so once per site: a log line and the site's status ``rewrapped`` (``site_status``).
+
+    Run at the start of every prompt and after every node: a pack such as ComfyUI-MultiGPU replaces
+    ``load_models_gpu`` from inside a node.  Costs one attribute read per site when nothing changed."""
+    handled = wrapping.audit()
+    if not handled:
+        return []
+    patches = table()
+    noticed = []
+    for key, owner_name, attr, replacement in handled:
+        code = getattr(replacement, "__code__", None)
+        package = package_of_file(getattr(code, "co_filename", "")) or "?"
+        who = _function_name(replacement)
+        reason = f"replaced by {who} (package {package}); comfy_memx wraps the replacement"
+        if key is not None:
+            patches.status[tuple(key)] = ("rewrapped", reason)
+        log.warning("comfy_memx: %s.%s was replaced by %s (package %s) without calling comfy_memx's wrapper; "
+                    "comfy_memx now wraps the replacement, so its loads and unloads stay in the ledger",
+                    owner_name, attr, who, package)
+        noticed.append({"site": f"{owner_name}.{attr}", "replaced_by": who, "package": package})
+    return noticed
 
 
 def _ordered_status():

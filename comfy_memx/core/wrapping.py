@@ -7,6 +7,10 @@ The house contract (see ``comfy_memx.core.patching``):
 * patch -> unpatch -> patch works;
 * if another extension wrapped over ours, unpatching does not clobber it: our wrapper is switched to pass-through
   (and switched back on by the next patch);
+* if another extension *replaced* ours (its function does not reach our wrapper: no ``__wrapped__``, closure or
+  module global leads to it), :func:`audit` wraps the replacement on top and switches the old wrapper to
+  pass-through, so every call is counted once whichever way the replacement calls on; unpatching then leaves the
+  replacement in place;
 * class attributes are read from the class ``__dict__`` (never through the descriptor protocol), so the saved
   original is the raw function; an inherited attribute is shadowed on patch and deleted again on unpatch.
 
@@ -15,6 +19,7 @@ Wrappers are plain closures (a closure costs about 0.5 us per call here; wrapt's
 
 import functools
 import logging
+import types
 
 from comfy_memx.core.errors import PatchSkipped
 
@@ -34,11 +39,12 @@ class Switch:
 
 
 class _Installed:
-    __slots__ = ("owner", "attr", "original", "owned", "wrapper", "switch")
+    __slots__ = ("owner", "attr", "original", "owned", "wrapper", "switch", "make_wrapper", "site", "over_us")
 
-    def __init__(self, owner, attr, original, owned, wrapper, switch):
+    def __init__(self, owner, attr, original, owned, wrapper, switch, make_wrapper=None, site=None):
         self.owner, self.attr, self.original, self.owned = owner, attr, original, owned
-        self.wrapper, self.switch = wrapper, switch
+        self.wrapper, self.switch, self.make_wrapper, self.site = wrapper, switch, make_wrapper, site
+        self.over_us = None   # the foreign wrapper last seen to reach ours (not checked again)
 
 
 def resolve(module, dotted):
@@ -63,10 +69,11 @@ def _raw_attr(owner, attr):
     return vars(owner).get(attr, _MISSING)
 
 
-def wrap(module, dotted, make_wrapper):
+def wrap(module, dotted, make_wrapper, site=None):
     """Install ``make_wrapper(original, switch)`` over ``module.<dotted>``; return "patched" or "already patched".
 
-    ``make_wrapper`` must return a callable that calls ``original`` unchanged when ``switch.on`` is False.
+    ``make_wrapper`` must return a callable that calls ``original`` unchanged when ``switch.on`` is False; ``site``
+    is what :func:`audit` reports the site as (the patch's ``(name, dotted)``).
     """
     owner, attr = resolve(module, dotted)
     key = (id(owner), attr)
@@ -85,9 +92,67 @@ def wrap(module, dotted, make_wrapper):
     wrapper = make_wrapper(current, switch)
     functools.update_wrapper(wrapper, current)
     owned = attr in vars(owner)  # False for an inherited method: unpatch deletes our shadowing attribute
-    _installed[key] = _Installed(owner, attr, current, owned, wrapper, switch)
+    _installed[key] = _Installed(owner, attr, current, owned, wrapper, switch, make_wrapper, site)
     setattr(owner, attr, wrapper)
     return "patched"
+
+
+_REACH_DEPTH = 6
+
+
+def reaches(func, wrapper, depth=_REACH_DEPTH):
+    """True when calling ``func`` can be seen to reach ``wrapper``: it is ``wrapper``, or leads to it through
+    ``__wrapped__`` (``functools.wraps``), a closure cell, a module global of its own module, a partial's
+    function or a bound method's function, within ``depth`` steps.  Reads plain fields only (no user code)."""
+    if func is wrapper:
+        return True
+    if depth <= 0:
+        return False
+    if isinstance(func, functools.partial):
+        return reaches(func.func, wrapper, depth - 1)
+    if isinstance(func, types.MethodType):
+        return reaches(func.__func__, wrapper, depth - 1)
+    if not isinstance(func, types.FunctionType):
+        return False
+    wrapped = func.__dict__.get("__wrapped__")
+    if wrapped is not None and reaches(wrapped, wrapper, depth - 1):
+        return True
+    for cell in func.__closure__ or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            continue
+        if value is wrapper or (callable(value) and reaches(value, wrapper, depth - 1)):
+            return True
+    namespace = func.__globals__
+    return type(namespace) is dict and any(value is wrapper for value in dict.values(namespace))
+
+
+def audit():
+    """Find the sites whose wrapper another extension replaced, wrap each replacement on top, and return
+    ``[(site, owner name, attr, replacement)]`` for the ones newly handled (each is reported once).
+
+    A replacement that only wraps ours (:func:`reaches`) is left alone, as wrapping over us is."""
+    handled = []
+    for key, installed in list(_installed.items()):
+        if not installed.switch.on or installed.make_wrapper is None:
+            continue
+        current = _raw_attr(installed.owner, installed.attr)
+        if current is installed.wrapper or current is _MISSING or current is installed.over_us:
+            continue
+        if reaches(current, installed.wrapper):
+            installed.over_us = current
+            continue
+        switch = Switch()
+        wrapper = installed.make_wrapper(current, switch)
+        functools.update_wrapper(wrapper, current)
+        replacement = _Installed(installed.owner, installed.attr, current, True, wrapper, switch,
+                                 installed.make_wrapper, installed.site)
+        installed.switch.on = False   # whatever still calls the old wrapper passes through: counted once, above
+        _installed[key] = replacement
+        setattr(installed.owner, installed.attr, wrapper)
+        handled.append((installed.site, _name(installed.owner), installed.attr, current))
+    return handled
 
 
 def unwrap(module, dotted):

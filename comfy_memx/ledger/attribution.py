@@ -9,12 +9,12 @@ a ``custom_nodes`` directory of the innermost stack frame that lives there, else
 cheap enough for a load: a context-variable read, two dict lookups and a walk of the stack with a per-file cache.
 """
 
-import os
 import sys
 import threading
 from typing import NamedTuple, Optional
 
-CUSTOM_NODES_DIR = "custom_nodes"
+from comfy_memx.core.comfyui import package_of_file
+
 MAX_FRAMES = 128
 
 
@@ -151,15 +151,3 @@ def package_on_stack(frame):
         frame = frame.f_back
         depth += 1
     return "core"
-
-
-def package_of_file(filename):
-    """The folder (or single-file module name) right under a custom_nodes directory in ``filename``, else None."""
-    if not filename or CUSTOM_NODES_DIR not in filename:
-        return None
-    parts = os.path.normpath(filename).split(os.sep)
-    for i in range(len(parts) - 2, -1, -1):
-        if parts[i] == CUSTOM_NODES_DIR:
-            name = parts[i + 1]
-            return name[:-3] if name.endswith(".py") else name
-    return None

@@ -9,6 +9,8 @@ directly, as loads are attributed:
 * ``{"kind": "load", "models": [...], "node": {...}}``: memory pressure, or a clone replacement, while
   ``load_models_gpu`` made room for (or loaded) these models for this node;
 * ``{"kind": "http", "route": "/memx/free", "clients": [...]}``: a ``/memx/free`` request served by the worker run;
+* ``{"kind": "node", "via": "PromptQueue.set_flag", ..., package}``: ComfyUI's worker served free flags that a
+  custom-node package's code set (:func:`note_flag_set`);
 * ``{"kind": "comfyui", "via": ...}``: ComfyUI itself (its prompt worker for POST ``/free`` or an OOM, the executor
   for ``--disable-smart-memory``), with the node context when there is one.
 
@@ -46,12 +48,65 @@ def note_prompt(prompt_id):
     STATE.part(ReloadBook).note_prompt(prompt_id)
 
 
+class FlagSetters:
+    """Who set each of ComfyUI's free flags last, when it was a custom-node package's code (a part of the process
+    state): ComfyUI's worker serves the flags later, on its own thread, with no trace of who set them."""
+
+    def __init__(self):
+        self.by_flag = {}   # flag name -> the requester that set it and that no worker served yet
+        self.served = {}    # the flags the worker read last, with their pack requesters (its unloads use them)
+
+
+FREE_FLAGS = ("unload_models", "free_memory")
+
+
+def note_flag_set(name, frame):
+    """``PromptQueue.set_flag(name, ...)`` is called from ``frame``: remember a pack that sets a free flag (a pack's
+    RAM monitor, say), or forget the last one when someone else sets it."""
+    if name not in FREE_FLAGS:
+        return
+    kind, package = attribution.caller_on_stack(frame)
+    setters = STATE.part(FlagSetters).by_flag
+    if kind != "package":
+        setters.pop(name, None)
+        return
+    prompt_id, node_id, class_type = attribution.node_context()
+    setters[name] = {"kind": "node", "via": "PromptQueue.set_flag", "prompt_id": prompt_id, "node_id": node_id,
+                     "class_type": class_type, "package": package}
+
+
+def flags_served(flags):
+    """ComfyUI's worker read (and reset) the free flags ``flags``: the unloads it runs now are charged to the packs
+    that set them, if any."""
+    setters = STATE.existing_part(FlagSetters)
+    if setters is None:
+        return
+    served = {}
+    for name in FREE_FLAGS:
+        setter = setters.by_flag.pop(name, None)
+        if setter is not None and isinstance(flags, dict) and flags.get(name):
+            served[name] = setter
+    setters.served = served
+
+
+def _flag_setter():
+    setters = STATE.existing_part(FlagSetters)
+    if setters is None:
+        return None
+    found = setters.served.get("unload_models") or setters.served.get("free_memory")
+    return dict(found) if found is not None else None
+
+
 def requested_by(reason, frame, load_scope):
     """Who asked for an unload of ``reason`` whose scope was entered from ``frame`` (see the module docstring)."""
     for hook in list(STATE.unload_requesters):
         found = hook(reason)
         if found is not None:
             return found
+    if reason == "free_request":
+        setter = _flag_setter()
+        if setter is not None:
+            return setter
     if load_scope is not None and reason in ("memory_pressure", "clone_replaced"):
         return _load_requester(load_scope)
     kind, package = attribution.caller_on_stack(frame)
