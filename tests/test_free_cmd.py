@@ -16,7 +16,8 @@ FREED = {"model": "BaseModel", "model_id": "BaseModel#2", "unloaded_bytes": 1638
 SURVIVOR = {"model": "BaseModel", "model_id": "BaseModel#1", "owner": OWNER, "bytes": 2 ** 20, "resident_bytes": 0,
             "reason": "leaked", "leak": {"stage": "rooted"},
             "holders": [{"path": "leaky_pack.LeakyLoader._cache['a']", "package": "leaky_pack",
-                         "root_kind": "class_attribute"}],
+                         "root_kind": "class_attribute", "pattern": "class_cache",
+                         "suggestion": "cache per instance instead of on the class"}],
             "search": {"seconds": 0.1, "objects_visited": 4, "complete": True, "note": None}}
 
 
@@ -80,6 +81,7 @@ def test_survivors_are_status_1_and_printed_with_their_chains(stub, capsys):
     out = capsys.readouterr().out
     assert "survivors: 1 model(s), 1.0 MiB still alive although ComfyUI no longer holds them" in out
     assert "held by leaky_pack.LeakyLoader._cache['a']  [package leaky_pack, class_attribute]" in out
+    assert "fix (class_cache): cache per instance instead of on the class" in out
 
 
 def test_a_pending_receipt_and_models_still_loaded_are_status_1(stub, capsys):
@@ -120,8 +122,12 @@ def test_a_failed_search_and_an_unsearched_survivor_are_said(capsys):
     lines = free_cmd.format_receipt(receipt(survivors=[
         {**SURVIVOR, "holders": None, "search": {"error": "RuntimeError: search bug"}},
         {**SURVIVOR, "model_id": "BaseModel#3", "holders": None, "search": None},
-        {**SURVIVOR, "model_id": "BaseModel#4", "holders": [], "search": {"complete": True, "note": "C-held"}}]))
+        {**SURVIVOR, "model_id": "BaseModel#4", "holders": [], "search": {"complete": True, "note": "C-held"}},
+        {**SURVIVOR, "model_id": "BaseModel#5", "holders": [],
+         "search": {"result": "incomplete", "complete": False, "stopped_by": "budget", "note": "C-held"}}]))
     text = "\n".join(lines)
+    # an incomplete search never claims that the holder is out of its sight
+    assert "no holder found within the budget (stopped by budget)" in text and text.count("C-held") == 1
     assert "holder search failed: RuntimeError: search bug" in text
     assert "BaseModel#3 (BaseModel)" in text and "holders not searched" in text
     assert "no holder found: C-held" in text

@@ -86,10 +86,38 @@ def test_text_report_names_models_packages_chains_and_the_skipped_lines(events_f
     assert report.main([str(events_file)]) == 0
     text = capsys.readouterr().out
     assert f"{len(GOOD)} events" in text and f"{len(MALFORMED)} malformed line(s) skipped" in text
-    assert "BaseModel#1  BaseModel  package leaky_pack  peak resident 3.8 MiB" in text
+    assert "BaseModel#1  BaseModel  loaded by package leaky_pack, held by package leaky_pack  peak resident 3.8 MiB" \
+        in text
     assert "unloads free_request 1, memory_pressure 1 (3.8 MiB, 1.000 GB/s)" in text
     assert "held by leaky_pack.LeakyLoader._cache['a']  [package leaky_pack, class_attribute]" in text
     assert "\nper package\n  core\n" in text
+
+
+def test_the_package_table_credits_a_leak_to_the_package_that_holds_it_not_the_one_that_loaded_it(tmp_path, capsys):
+    loader = {"prompt_id": "p1", "node_id": "2", "class_type": "UBApplyModel", "package": "ComfyUI-UtilityBelt"}
+    lines = [
+        {"event": "load", "time": 1.0, "pid": 7, "model": "StyleNet", "model_id": "StyleNet#1", "owner": loader,
+         "bytes": 1000, "seconds": 0.001, "device": "cuda:0", "copied": True},
+        {"event": "leak", "time": 2.0, "pid": 7, "model": "StyleNet", "model_id": "StyleNet#1", "owner": loader,
+         "stage": "rooted", "reason": "new", "holder_package": "StyleMixer",
+         "referrers": [{"path": "StyleMixer.StyleMixer._cache[(1328, 1328)]", "package": "StyleMixer",
+                        "holder_package": "StyleMixer", "root_kind": "class_attribute", "pattern": "class_cache",
+                        "suggestion": "cache per instance"}]},
+    ]
+    path = tmp_path / "events.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n", encoding="utf-8")
+    data = run_json(path, capsys)
+    packages = {row["package"]: row for row in data["packages"]}
+    assert packages["StyleMixer"]["leaks"] == {"rooted": 1} and packages["StyleMixer"]["loads"] == 0
+    assert packages["ComfyUI-UtilityBelt"]["leaks"] == {} and packages["ComfyUI-UtilityBelt"]["loads"] == 1
+    assert packages["ComfyUI-UtilityBelt"]["leaked_loads"] == {"rooted": 1}
+    [model] = data["models"]
+    assert model["package"] == "ComfyUI-UtilityBelt" and model["holder_package"] == "StyleMixer"
+    assert [(p["package"], p["pattern"]) for p in data["leak_patterns"]] == [("StyleMixer", "class_cache")]
+    assert report.main([str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "loaded by package ComfyUI-UtilityBelt, held by package StyleMixer" in text
+    assert "  StyleMixer\n    loads 0" in text and "leaks held rooted 1" in text
 
 
 def test_events_of_several_processes_stay_apart(tmp_path, capsys):

@@ -99,11 +99,22 @@ def format_receipt(receipt):
         elif row.get("holders") is None:
             lines.append("    holders not searched")
         for chain in row.get("holders") or []:
-            lines.append(f"    held by {chain.get('path')}  [package {chain.get('package')}, {chain.get('root_kind')}]")
+            package = chain.get("holder_package") or chain.get("package")
+            lines.append(f"    held by {chain.get('path')}  [package {package}, {chain.get('root_kind')}]")
+            if chain.get("pattern"):
+                lines.append(f"      fix ({chain['pattern']}): {chain.get('suggestion')}")
         if row.get("holders") == [] and not search.get("error"):
-            lines.append(f"    no holder found{': ' + search['note'] if search.get('note') else ''}")
+            lines.append(f"    {_no_holder_text(search)}")
     lines += _memory_lines(receipt.get("memory"))
     return lines
+
+
+def _no_holder_text(search):
+    """What a search that found nothing means: only a complete one may say the holder is out of its sight."""
+    if search.get("result") == "incomplete" or search.get("complete") is False:
+        return (f"no holder found within the budget (stopped by {search.get('stopped_by') or '?'}); run the search "
+                "again with a larger COMFY_MEMX_LEAK_BUDGET")
+    return f"no holder found{': ' + search['note'] if search.get('note') else ''}"
 
 
 def _memory_lines(memory):

@@ -23,6 +23,19 @@ from comfy_memx.core.units import format_bytes
 PLOT_HINT = "pip install matplotlib  (or: pip install comfy_memx[plot])"
 
 
+def _holder_package(event, referrers):
+    """The package that holds a leaked model: the event's ``holder_package``, else its first chain's (older logs)."""
+    holder = event.get("holder_package")
+    if isinstance(holder, str) and holder:
+        return holder
+    for referrer in referrers:
+        if isinstance(referrer, dict):
+            package = referrer.get("holder_package") or referrer.get("package")
+            if isinstance(package, str) and package not in ("?", ""):
+                return package
+    return None
+
+
 def _rate(nbytes, seconds):
     return round(nbytes / seconds / 1e9, 3) if seconds > 0 and nbytes > 0 else None
 
@@ -37,7 +50,8 @@ class _Tally:
         self.unloads = {}
         self.unload_bytes = 0
         self.unload_copied = [0, 0.0]
-        self.leaks = {}
+        self.leaks = {}          # leaked models this package holds, by stage (the holder's package, not the loader's)
+        self.leaked_loads = {}   # models this package loaded that then leaked, by stage (held by whoever holds them)
         self.pin_evictions = 0
         self.pin_evicted_bytes = 0
 
@@ -45,7 +59,8 @@ class _Tally:
         return {"loads": self.loads, "load_bytes": self.load_bytes, "load_gb_per_s": _rate(*self.load_copied),
                 "unloads": dict(sorted(self.unloads.items())), "unload_bytes": self.unload_bytes,
                 "unload_gb_per_s": _rate(*self.unload_copied),
-                "leaks": dict(sorted(self.leaks.items())), "pin_evictions": self.pin_evictions,
+                "leaks": dict(sorted(self.leaks.items())), "leaked_loads": dict(sorted(self.leaked_loads.items())),
+                "pin_evictions": self.pin_evictions,
                 "pin_evicted_bytes": self.pin_evicted_bytes}
 
 
@@ -161,17 +176,31 @@ class EventReport:
         if not isinstance(referrers, list):
             raise TypeError("referrers")
         chains = [{"path": str(r.get("path")), "package": r.get("package"), "root_kind": r.get("root_kind"),
+                   **({"holder_package": r["holder_package"]} if r.get("holder_package") else {}),
                    **({"pattern": r["pattern"], "suggestion": r.get("suggestion")} if r.get("pattern") else {})}
                   for r in referrers if isinstance(r, dict)]
         key, row = self._model(event, pid)
+        holder = _holder_package(event, referrers)
+        if holder is not None:
+            row["holder_package"] = holder
         if event.get("reason", "new") == "new":   # a later search of a known leak is not a new leak
-            for tally in (row["tally"], self._package(row["package"])):
-                tally.leaks[stage] = tally.leaks.get(stage, 0) + 1
+            row["tally"].leaks[stage] = row["tally"].leaks.get(stage, 0) + 1
+            loader = self._package(row["package"])
+            loader.leaked_loads[stage] = loader.leaked_loads.get(stage, 0) + 1
+            if stage == "rooted" and holder is not None:
+                held = self._package(holder)
+                held.leaks[stage] = held.leaks.get(stage, 0) + 1
             self.marks.setdefault(key, []).append((when, "leak", stage))
+        elif stage == "rooted" and holder is not None and row.get("counted_holder") is None:
+            held = self._package(holder)      # a deferred search named the holder later
+            held.leaks[stage] = held.leaks.get(stage, 0) + 1
+        if stage == "rooted" and holder is not None:
+            row["counted_holder"] = holder
         for chain in chains:
             if "pattern" not in chain:
                 continue
-            group = self.leak_patterns.setdefault((str(chain["package"] or "?"), chain["pattern"]),
+            group = self.leak_patterns.setdefault((str(chain.get("holder_package") or chain["package"] or "?"),
+                                                   chain["pattern"]),
                                                   {"chains": 0, "models": set(), "suggestion": chain["suggestion"]})
             group["chains"] += 1
             group["models"].add(key)
@@ -206,6 +235,7 @@ class EventReport:
             models.append({"model_id": model_id, "pid": pid, "model": row["model"], "package": row["package"],
                            "owner": row["owner"], "peak_resident_bytes": row["peak_resident"],
                            **row["tally"].as_dict(), "leak_reports": row["leak_reports"],
+                           "holder_package": row.get("holder_package"),
                            "leak_sightings": row.get("sightings", 0)})
         packages = [{"package": name, **tally.as_dict()} for name, tally in sorted(self.packages.items())]
         span = (self.last_time - self.first_time) if self.first_time is not None else 0.0
@@ -257,7 +287,8 @@ def format_text(report, path):
     lines = [head, "", "per model"]
     for row in data["models"]:
         name = f"{row['model_id']}" + (f" (pid {row['pid']})" if several else "")
-        lines.append(f"  {name}  {row['model']}  package {row['package']}  peak resident "
+        held = f", held by package {row['holder_package']}" if row.get("holder_package") else ""
+        lines.append(f"  {name}  {row['model']}  loaded by package {row['package']}{held}  peak resident "
                      f"{format_bytes(row['peak_resident_bytes'])}")
         lines.append("    " + _tally_text(row))
         if row["leak_sightings"] > 1:
@@ -266,7 +297,8 @@ def format_text(report, path):
             again = "" if leak["reason"] == "new" else f", searched again: {leak['reason']}"
             lines.append(f"    leak ({leak['stage']}{again})" + ("" if leak["chains"] else ": no chains recorded"))
             for chain in leak["chains"]:
-                lines.append(f"      held by {chain['path']}  [package {chain['package']}, {chain['root_kind']}]")
+                lines.append(f"      held by {chain['path']}  [package {chain.get('holder_package') or chain['package']}, "
+                             f"{chain['root_kind']}]")
                 if "pattern" in chain:
                     lines.append(f"        fix ({chain['pattern']}): {chain['suggestion']}")
     if not data["models"]:
@@ -297,9 +329,11 @@ def format_text(report, path):
 def _tally_text(row):
     unloads = ", ".join(f"{reason} {count}" for reason, count in row["unloads"].items()) or "none"
     leaks = ", ".join(f"{stage} {count}" for stage, count in row["leaks"].items()) or "none"
+    leaked_loads = ", ".join(f"{stage} {count}" for stage, count in row.get("leaked_loads", {}).items()) or "none"
     return (f"loads {row['loads']} ({format_bytes(row['load_bytes'])}, {_gbps(row['load_gb_per_s'])}); "
             f"unloads {unloads} ({format_bytes(row['unload_bytes'])}, {_gbps(row['unload_gb_per_s'])}); "
-            f"leaks {leaks}; pin evictions {row['pin_evictions']} ({format_bytes(row['pin_evicted_bytes'])})")
+            f"leaks held {leaks}; its loads that leaked {leaked_loads}; "
+            f"pin evictions {row['pin_evictions']} ({format_bytes(row['pin_evicted_bytes'])})")
 
 
 def _gbps(rate):
