@@ -56,3 +56,15 @@ def run_prompt(executor, prompt_id, prompt):
     """Execute a prompt dict ({node_id: {"class_type", "inputs"}}) synchronously through the stand-in executor."""
     executor.execute(prompt, prompt_id)
     return executor
+
+
+def load_module(name, path, register=False):
+    """Import the file ``path`` under the module name ``name`` (kept in ``sys.modules`` when ``register``)."""
+    import importlib.util
+    import sys
+    spec = importlib.util.spec_from_file_location(name, str(path))
+    module = importlib.util.module_from_spec(spec)
+    if register:
+        sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

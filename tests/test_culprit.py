@@ -6,9 +6,9 @@ Through the real patch path (``cleanup_models_gc`` of both stand-ins, as ComfyUI
 """
 
 import gc
-import importlib.util
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -21,149 +21,20 @@ from comfy_memx.core.state import STATE
 from comfy_memx.leaks import watch as leakwatch
 from comfy_memx.leaks.holders import packages
 from comfy_memx.ledger import attribution
-from memx_helpers import memx_on, read_events
+from memx_helpers import load_module, memx_on, read_events
 
 VERSIONS = ["0.3.64", "0.27.0"]
-LOADER = "ComfyUI-UtilityBelt"
-
-LOADER_PACK = '''
-import comfy.model_base
-import comfy.model_management
-import comfy.model_patcher
+culprit = load_module("memx_culprit", os.path.join(os.path.dirname(__file__), "real_comfy", "culprit.py"))
+LOADER = culprit.LOADER
+#: holder pack -> (the path its chain starts with, pattern)
+HOLDERS = {name: (path, pattern) for name, (_, path, pattern) in culprit.HOLDERS.items()}
 
 
-def load_model(tensor_count=4):
-    """The innocent pack: it only asks ComfyUI to load a model."""
-    mm = comfy.model_management
-    patcher = comfy.model_patcher.ModelPatcher(comfy.model_base.BaseModel(tensor_count, 1024),
-                                            load_device=mm.get_torch_device(), offload_device=mm.unet_offload_device())
-    mm.load_models_gpu([patcher])
-    return patcher
-'''
-
-#: pack name -> (source, the path its chain starts with, pattern)
-HOLDERS = {
-    "ListKeeper": ('''
-MODELS = []
-
-
-def keep(model):
-    MODELS.append(model)
-
-
-def release():
-    MODELS.clear()
-''', "ListKeeper.MODELS[0]", "appended_list"),
-    "HookHub": ('''
-CALLBACKS = []
-
-
-def keep(model):
-    CALLBACKS.append(lambda: model)
-
-
-def release():
-    CALLBACKS.clear()
-''', "HookHub.CALLBACKS[0] -> closure 'model'", "callback_registry"),
-    "StyleMixer": ('''
-class StyleMixer:
-    _cache = {}
-
-
-def keep(model):
-    StyleMixer._cache[(1328, 1328)] = model
-
-
-def release():
-    StyleMixer._cache.clear()
-''', "StyleMixer.StyleMixer._cache[(1328, 1328)]", "class_cache"),
-    "LoraCache": ('''
-import functools
-
-_SOURCE = []
-
-
-@functools.lru_cache(maxsize=8)
-def cached_load(path):
-    return _SOURCE.pop()
-
-
-def keep(model):
-    _SOURCE.append(model)
-    cached_load("qwen_image_2512.safetensors")
-
-
-def release():
-    cached_load.cache_clear()
-''', "LoraCache.cached_load -> lru_cache", "lru_cache"),
-    "ThreadStash": ('''
-import threading
-
-TLS = threading.local()
-
-
-def keep(model):
-    TLS.model = model
-
-
-def release():
-    TLS.__dict__.clear()
-''', "ThreadStash.TLS -> thread-local.model", "thread_local"),
-    "BackgroundWorker": ('''
-import threading
-
-_RELEASE = threading.Event()
-_THREADS = []
-
-
-def keep(model):
-    box = [model]
-    taken = threading.Event()
-
-    def preview_loop():
-        model = box.pop()
-        taken.set()
-        _RELEASE.wait(60)
-        del model
-    thread = threading.Thread(target=preview_loop, name="preview-loop", daemon=True)
-    thread.start()
-    _THREADS.append(thread)
-    taken.wait(10)
-
-
-def release():
-    _RELEASE.set()
-    for thread in _THREADS:
-        thread.join(10)
-    _THREADS.clear()
-    _RELEASE.clear()
-''', "thread 'preview-loop' frame BackgroundWorker.keep.<locals>.preview_loop local 'model'", "thread_frame"),
-    "TorchGlue": ('''
-import torch
-
-HOLDER = torch.nn.Module()
-
-
-def keep(model):
-    HOLDER.extra = model
-
-
-def release():
-    HOLDER._modules.pop("extra", None)
-''', "TorchGlue.HOLDER._modules['extra']", "torch_module_attribute"),
-}
-
-
-def write_and_import(root, name, source):
+def install(root, name):
+    """Copy one pack of ``real_comfy/culprit_packs`` under ``root/custom_nodes`` and import it by its name."""
     folder = root / "custom_nodes" / name
-    folder.mkdir(parents=True)
-    path = folder / "__init__.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(name, str(path))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    shutil.copytree(culprit.pack_dir(name), folder)
+    return load_module(name, folder / "__init__.py", register=True)
 
 
 @pytest.fixture(scope="module")
@@ -204,8 +75,8 @@ def world(request, tmp_path, caplog, cpu_hog):
     caplog.set_level(logging.INFO)
     events = tmp_path / "events.jsonl"
     with memx_on(version, leak_mode=mode, events=events) as mm:     # the default budget: 2 s of CPU time
-        loader = write_and_import(tmp_path, LOADER, LOADER_PACK)
-        holders = {name: write_and_import(tmp_path, name, source) for name, (source, _, _) in HOLDERS.items()}
+        loader = install(tmp_path, LOADER)
+        holders = {name: install(tmp_path, name) for name in HOLDERS}
         try:
             yield mm, loader, holders, events, caplog
         finally:
@@ -218,9 +89,13 @@ def world(request, tmp_path, caplog, cpu_hog):
 def leak_all(loader, holders):
     """The innocent pack loads one model per holder pack, each holder pack keeps its model, ComfyUI drops the
     patchers; returns weak references to the models."""
+    import comfy.model_base
+    import comfy.model_management as mm
+    import comfy.model_patcher
     alive = {}
     for name, pack in holders.items():
-        patcher = loader.load_model()
+        patcher = loader.load_model(comfy.model_patcher.ModelPatcher(
+            comfy.model_base.BaseModel(4, 1024), load_device=mm.get_torch_device(), offload_device=mm.unet_offload_device()))
         pack.keep(patcher.model)
         alive[name] = weakref.ref(patcher.model)
         del patcher
@@ -267,7 +142,7 @@ def test_every_holder_kind_is_named_on_the_first_search_under_load(world):
     found = by_holder(events, alive)
     assert set(found) == set(HOLDERS)
     strict = STATE.config.leak_mode == "strict"
-    for name, (_, path, pattern) in HOLDERS.items():
+    for name, (path, pattern) in HOLDERS.items():
         event = found[name]
         assert event["owner"]["package"] == LOADER, name                 # who loaded it ...
         assert event["holder_package"] == name, (name, event["search"])  # ... and who holds it
@@ -306,13 +181,13 @@ def test_a_slow_package_scan_does_not_eat_the_probes_budget(world, monkeypatch):
     assert all(event["search"]["stages"]["probe"]["reached"] for event in found.values())
     # every holder but the thread's (its frame is read directly) was reached by walking objects
     assert all(event["search"]["stages"]["probe"]["expanded"] > 0 for name, event in found.items()
-               if name != "BackgroundWorker")
+               if name != "memx_background_worker")
 
 
 @pytest.mark.parametrize("world", [("0.3.64", "strict")], indirect=True, ids=lambda p: "-".join(p))
 def test_concurrent_requests_for_one_model_share_one_search(world, monkeypatch):
     mm, loader, holders, events, _ = world
-    alive = leak_all(loader, {"StyleMixer": holders["StyleMixer"]})
+    alive = leak_all(loader, {"memx_style_mixer": holders["memx_style_mixer"]})
     in_prompt(mm, "p1")
     [record] = [r for r in STATE.ledger.records() if r.leak]
     searches = leakwatch.desk()
@@ -335,11 +210,11 @@ def test_concurrent_requests_for_one_model_share_one_search(world, monkeypatch):
     first.join(30)
     second.join(30)
     assert searches.runs == runs + 1 and results[0] is results[1]
-    assert results[0]["holder"]["package"] == "StyleMixer"
+    assert results[0]["holder"]["package"] == "memx_style_mixer"
     del record
-    holders["StyleMixer"].release()
+    holders["memx_style_mixer"].release()
     gc.collect()
-    assert alive["StyleMixer"]() is None
+    assert alive["memx_style_mixer"]() is None
 
 
 @pytest.mark.parametrize("world", [("0.27.0", "strict")], indirect=True, ids=lambda p: "-".join(p))
@@ -347,7 +222,7 @@ def test_no_search_names_a_frame_of_comfy_memx_on_another_thread(world):
     """The prompt worker sits in the leak watch (its frames hold the model in locals) waiting for the search desk
     while a requested search of the same model runs: that search names the pack, never the worker's frames."""
     mm, loader, holders, events, _ = world
-    alive = leak_all(loader, {"ListKeeper": holders["ListKeeper"]})
+    alive = leak_all(loader, {"memx_list_keeper": holders["memx_list_keeper"]})
     in_prompt(mm, "p1")
     [record] = [r for r in STATE.ledger.records() if r.leak]
     record.leak["search"] = {"result": "deferred", "deferred": True}    # so that the next sighting searches
@@ -363,11 +238,11 @@ def test_no_search_names_a_frame_of_comfy_memx_on_another_thread(world):
         worker.join(30)
     paths = [holder["path"] for holder in found["holders"]]
     assert paths and not any("comfy_memx" in path for path in paths), paths
-    assert found["holder"]["package"] == "ListKeeper" and found["search"]["complete"]
+    assert found["holder"]["package"] == "memx_list_keeper" and found["search"]["complete"]
     del record, found
-    holders["ListKeeper"].release()
+    holders["memx_list_keeper"].release()
     gc.collect()
-    assert alive["ListKeeper"]() is None
+    assert alive["memx_list_keeper"]() is None
 
 
 def _waits_in(thread, function, call=None, timeout=10.0):
