@@ -53,6 +53,7 @@ TREES_ENV = "COMFY_MEMX_REAL_COMFYUI"
 PYTHON_ENV = "COMFY_MEMX_REAL_PYTHON"
 CHECKPOINT_ENV = "COMFY_MEMX_REAL_CHECKPOINT"
 UNLOAD_PACK = "memx_unload_nodes"
+PATCHER_PACK = str(REAL_COMFY_DIR / "memx_multigpu_like")
 TEST_PACK = "memx_test_nodes"
 
 
@@ -588,7 +589,8 @@ SESSIONS = {
     "report": {"launcher": "env", "env": {}, "packs": (TEST_PACK,), "run": run_report_session},
     "strict": {"launcher": "module", "env": {"COMFY_MEMX_LEAK_MODE": "strict", "COMFY_MEMX_LEAK_FAIL": "1"},
                "packs": (TEST_PACK,), "run": run_strict_session},
-    "t2i": {"launcher": "module", "env": {}, "packs": (TEST_PACK, UNLOAD_PACK), "run": run_t2i_session,
+    # with a pack that wraps comfy.sample.sample as ComfyUI-MultiGPU does: KSampler's load stays core's
+    "t2i": {"launcher": "module", "env": {}, "packs": (TEST_PACK, UNLOAD_PACK, PATCHER_PACK), "run": run_t2i_session,
             "checkpoint": True},
 }
 
@@ -1020,8 +1022,9 @@ def test_default_workflow_loads_are_attributed_to_the_core_nodes(tree, real_sess
     prompt_id = session.step("t2i_1")["prompt_id"]
     for event in loads:
         node_id, class_type = EXPECTED_LOADERS[event["model"]]
+        via = "memx_multigpu_like" if class_type == "KSampler" else None   # its comfy.sample.sample wrapper
         assert event["owner"] == {"prompt_id": prompt_id, "node_id": node_id, "class_type": class_type,
-                                  "package": "core"}, event
+                                  "package": "core", "via": via}, event
         assert event["device"] == "cpu" and event["bytes"] == event["model_bytes"] > 0, event
         assert event["reload"] is None
     files = session.step_events("t2i_1", "file_load")
