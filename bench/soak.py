@@ -84,6 +84,8 @@ NET_CLASS_NAME = "MemxSoakNet"
 MIB = 1024 ** 2
 
 LEAK_MODES = ("strict", "report", "off")
+WORKLOAD_REUSE, WORKLOAD_NEW_LEAKS = "reuse", "new-leaks"
+WORKLOADS = (WORKLOAD_REUSE, WORKLOAD_NEW_LEAKS)
 SERVERS = ("memx", "plain")
 FREE_ALL = {"unload_models": True, "free_memory": True}
 SLOTS = (("s0", "MemxSoakCachedLoader"), ("s1", "MemxSoakCachedLoader"), ("s2", "MemxSoakCachedLoader"),
@@ -152,6 +154,9 @@ def build_parser():
                         help="interpreter that runs ComfyUI and can import comfy_memx (default: this one)")
     parser.add_argument("--prompts", type=_positive_int, default=500, metavar="N", help="prompts per server (500)")
     parser.add_argument("--leak-mode", choices=LEAK_MODES, default="strict", help="comfy_memx leak mode (strict)")
+    parser.add_argument("--workload", choices=WORKLOADS, default=WORKLOAD_REUSE,
+                        help="reuse: six slots keep leaking the same few models (default); new-leaks: every prompt "
+                             "leaks a model never seen before (the cost of strict mode per new leak)")
     parser.add_argument("--check", action="store_true",
                         help="exit status 1 when a hard target is missed (performance targets too at >= "
                              f"{PERF_CHECK_MIN_PROMPTS} prompts)")
@@ -206,15 +211,20 @@ def slot_name(slot, generation):
     return f"soak-{slot}-g{generation}"
 
 
-def build_workload(prompts, workflow, generations=3, slots=SLOTS):
+def build_workload(prompts, workflow, generations=3, slots=SLOTS, workload=WORKLOAD_REUSE):
     """The prompts of a run, in order: dicts with ``index``, ``kind`` ("t2i" or "t2i+pack"), ``seed``, ``prompt``,
     and for pack prompts ``slot``, ``loader``, ``name``, ``generation``.
 
-    Prompt ``i`` is ``workflow`` with the KSampler seed set to ``i``; odd prompts add a pack loader (cycling through
-    ``slots``) and a sampler on its MODEL, under node ids the workflow does not use. The slot's model name changes
-    ``generations`` times over the pack prompts (at even fractions of them), so a new model replaces the slot's old
-    one. The same list is run on both servers.
+    Prompt ``i`` is ``workflow`` with the KSampler seed set to ``i``.  ``workload`` ``reuse``: odd prompts add a
+    pack loader (cycling through ``slots``) and a sampler on its MODEL, under node ids the workflow does not use;
+    the slot's model name changes ``generations`` times over the pack prompts (at even fractions of them), so a new
+    model replaces the slot's old one: the same few models keep leaking.  ``new-leaks``: every prompt adds the
+    class-cache loader with a slot of its own (the Qwen-Image resolution-keyed cache), so every prompt leaks a
+    model never seen before and strict mode investigates a new leak in every prompt.  The same list is run on both
+    servers.
     """
+    if workload == WORKLOAD_NEW_LEAKS:
+        return _new_leak_workload(prompts, workflow)
     pack_total = prompts // 2
     items = []
     for index in range(prompts):
@@ -232,6 +242,22 @@ def build_workload(prompts, workflow, generations=3, slots=SLOTS):
                                        "inputs": {"model": [PACK_LOADER_ID, 0], "seed": index}}
             item.update(kind="t2i+pack", slot=slot, loader=loader, name=name, generation=generation)
         items.append(item)
+    return items
+
+
+def _new_leak_workload(prompts, workflow):
+    items = []
+    for index in range(prompts):
+        prompt = copy.deepcopy(workflow)
+        prompt[SAMPLER_NODE_ID]["inputs"]["seed"] = index
+        slot, loader = f"n{index}", "MemxSoakCachedLoader"
+        name = slot_name(slot, 0)
+        prompt[PACK_LOADER_ID] = {"class_type": loader, "inputs": {"slot": slot, "name": name, "width": 256,
+                                                                   "depth": 4}}
+        prompt[PACK_SAMPLER_ID] = {"class_type": "MemxSoakSampler", "inputs": {"model": [PACK_LOADER_ID, 0],
+                                                                              "seed": index}}
+        items.append({"index": index, "kind": "t2i+pack", "seed": index, "prompt": prompt, "slot": slot,
+                      "loader": loader, "name": name, "generation": 0})
     return items
 
 
@@ -970,12 +996,14 @@ def run_soak(options, log=print):
               "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "loadavg_start": os.getloadavg(),
               "workload": {"workflow": os.path.relpath(WORKFLOW_PATH, ROOT), "pack": PACK_NAME,
                            "slots": [s for s, _ in SLOTS], "generations": options.generations,
+                           "workload": getattr(options, "workload", WORKLOAD_REUSE),
                            "free_every": options.free_every, "poll_interval_s": options.poll_interval,
                            "order": "prompt i runs on both servers, one at a time: memx first for even i, plain "
                                     "first for odd i; pack nodes in odd prompts" if not options.no_plain
                                     else "memx server only (--no-plain); pack nodes in odd prompts"},
               "servers": {}, "comparison": {}}
-    workload = build_workload(options.prompts, load_workflow(), options.generations)
+    workload = build_workload(options.prompts, load_workflow(), options.generations,
+                              workload=getattr(options, "workload", WORKLOAD_REUSE))
     held = expected_held(workload)
     work = options.work_dir or tempfile.mkdtemp(prefix="memx-soak-")
     os.makedirs(work, exist_ok=True)

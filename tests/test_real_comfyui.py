@@ -661,20 +661,25 @@ def real_session(tmp_path_factory, memx_importable_by_real_python, real_checkpoi
             except Exception as error:
                 done[key] = FailedSession(f"{type(error).__name__}: {error}", out)
                 return done[key]
-            session.error = None
-            try:
-                if not session.start():
-                    session.error = "server did not answer /system_stats" + ("" if session.alive() else " (exited)")
-                else:
-                    spec["run"](session)
-            except Exception as error:  # kept for the tests to report; the server is stopped below
-                session.error = f"{type(error).__name__}: {error}"
-            finally:
-                session.stop()
-            done[key] = session
+            done[key] = run_session(session, spec["run"])
         return done[key]
 
     return get
+
+
+def run_session(session, run):
+    """Start ``session``, ``run(session)``, stop it; returns it with ``error`` set when a step or the boot failed."""
+    session.error = None
+    try:
+        if not session.start():
+            session.error = "server did not answer /system_stats" + ("" if session.alive() else " (exited)")
+        else:
+            run(session)
+    except Exception as error:  # kept for the tests to report; the server is stopped below
+        session.error = f"{type(error).__name__}: {error}"
+    finally:
+        session.stop()
+    return session
 
 
 def ready(session):

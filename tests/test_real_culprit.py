@@ -17,7 +17,7 @@ import pytest
 
 from memx_helpers import load_module
 from test_real_comfyui import (FailedSession, configured_python, drive, memx_importable_by_real_python,  # noqa: F401
-                               needs_real_comfyui, real_trees, ready, where)
+                               needs_real_comfyui, real_trees, ready, run_session, where)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 culprit = load_module("memx_real_culprit", os.path.join(HERE, "real_comfy", "culprit.py"))
@@ -89,17 +89,7 @@ def culprit_session(tmp_path_factory, memx_importable_by_real_python):  # noqa: 
             out = str(tmp_path_factory.mktemp(f"{os.path.basename(os.path.normpath(tree))}-culprit-{name}"))
             session = drive.Session(tree, configured_python(), out, launcher=spec["launcher"], env=spec["env"],
                                     packs=spec["packs"])
-            session.error = None
-            try:
-                if not session.start():
-                    session.error = "server did not answer /system_stats"
-                else:
-                    spec.get("run", run_culprit_session)(session)
-            except Exception as error:
-                session.error = f"{type(error).__name__}: {error}"
-            finally:
-                session.stop()
-            done[key] = session
+            done[key] = run_session(session, spec.get("run", run_culprit_session))
         return done[key]
 
     return get
