@@ -408,7 +408,9 @@ def test_all_strict_work_of_a_prompt_shares_one_cpu_allowance(version, tmp_path,
 @pytest.mark.parametrize("version", VERSIONS)
 def test_an_incomplete_search_says_so_and_is_retried_a_bounded_number_of_times(version, tmp_path, caplog):
     events = tmp_path / "events.jsonl"
-    with memx_on(version, leak_mode="strict", events=events, leak_budget="0.000001") as mm:
+    (tmp_path / "graphs").mkdir()
+    with memx_on(version, leak_mode="strict", events=events, leak_budget="0.000001",
+                 leak_graph=tmp_path / "graphs") as mm:
         pack = import_pack(write_pack(tmp_path))
         elsewhere = outside_packages(tmp_path)
         chain = [[[[{"deep": None}]]]]
@@ -428,6 +430,7 @@ def test_an_incomplete_search_says_so_and_is_retried_a_bounded_number_of_times(v
         assert "not searched again automatically after 4 tries" in lines[-1]
         # only a complete search may say that the holder is out of its sight
         assert not any("C code" in m or "garbage collector can see" in m for m in leak_lines(caplog))
+        assert os.listdir(str(tmp_path / "graphs")) == []        # no graph of a search that found nothing
         elsewhere.HELD.clear()
         sys.modules.pop("memx_strict_elsewhere", None)
         sys.modules.pop("holder_pack", None)
