@@ -812,12 +812,15 @@ def test_report_mode_names_the_owner_after_comfyuis_leak_warning(tree, real_sess
     owner = load["owner"]
     assert (owner["node_id"], owner["class_type"]) in {("2", "MemxTinySampler"), ("3", "MemxLeakyCache")}, load
     following = log[warnings[0] + 1]
-    expected = (f"comfy_memx: leaked model MemxTinyNet ({load['model_id']}), loaded by node {owner['node_id']} "
+    # report mode names the holding package too (the forward probe: no heap search), then who loaded the model
+    expected = (f"comfy_memx: leaked model MemxTinyNet ({load['model_id']}) is held by package {TEST_PACK} "
+                f"({TEST_PACK}.MemxLeakyCache._cache['a']), loaded by node {owner['node_id']} "
                 f"({owner['class_type']}), package {TEST_PACK}, prompt {session.step('leaky')['prompt_id']}")
     assert expected in following, log
     leaks = session.step_events("replace_loader", "leak")
     assert len(leaks) == 1 and leaks[0]["model_id"] == load["model_id"] and leaks[0]["stage"] == "rooted"
-    assert leaks[0]["owner"] == owner and leaks[0]["referrers"] == []  # no holder search in report mode
+    assert leaks[0]["owner"] == owner and leaks[0]["holder_package"] == TEST_PACK
+    assert [r["stage"] for r in leaks[0]["referrers"]] == ["probe"] and leaks[0]["search"]["scans"] == 0
 
 
 @needs_real_comfyui
