@@ -374,6 +374,7 @@ def test_concurrent_pins_and_unpins_keep_the_books():
         stats = pinning.budget().stats()
         assert backend.violations == [] and stats["refusals"] == 0
         assert stats["pinned_bytes"] == 0 and mm.HOST_REGISTER.registered == {}
+        assert mm.TOTAL_PINNED_MEMORY == sum(mm.PINNED_MEMORY.values())  # the stand-in's own counter, on its own
         registered = sum(c[2] for c in backend.calls if c[0] == "register")
         assert stats["registered_bytes"] == registered == 4 * 25 * 512 * 1024
 
