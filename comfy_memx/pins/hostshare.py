@@ -17,8 +17,9 @@ Who is alive.  Each process holds an exclusive lock on its own file ``comfy_memx
 it lives (the kernel drops it when the process exits, whatever its PID namespace); an entry whose lock can be taken
 is dead and is dropped by the next access.  Entries are validated one by one (``bytes`` a whole number in
 [0, 2**62], ``data`` a small object): an invalid entry is dropped with one warning.  A file that does not parse costs
-one warning and nobody's grant: a copy is kept (``.corrupt``), the file is rebuilt from the last view this process
-read, and every process re-asserts its own entry at each access.
+one warning and nobody's grant: every write goes to a new file renamed over the old one (never half a file) and to
+a backup (``.bak``); a file that does not parse is copied aside (``.corrupt``) and rebuilt from the backup (or the
+last view this process read), and every process re-asserts its own entry at each access.
 
 Locking: ``filelock`` (a dependency of torch, so present in every ComfyUI environment; ``fcntl.flock`` on POSIX,
 ``msvcrt`` on Windows), on ``<file>.lock`` for each read-modify-write, and on the live files.  Without ``filelock``
@@ -143,40 +144,40 @@ class HostRegistry:
 
     @contextlib.contextmanager
     def _records(self):
-        """Lock the file and yield its live, valid records ``{token: record}``; written back on exit."""
+        """Lock the registry and yield its live, valid records ``{token: record}``; written back on exit."""
         path = self.path
         _hold_own_liveness(os.path.dirname(path))
         with _exclusive(path + ".lock"):
-            fd = _open_private(path)
-            try:
-                raw = _read_all(fd)
-                records = self._live_records(raw, path)
-                if self._mine is not None and self.me not in records:
-                    records[self.me] = json.loads(json.dumps(self._mine))  # re-assert our own entry
-                yield records
-                self._mine = records.get(self.me)
-                self._last_good = json.loads(json.dumps(records))
-                text = json.dumps(records, sort_keys=True).encode()
-                if text != raw.rstrip():
-                    # Pad with blanks instead of truncating: ftruncate costs milliseconds on some file systems.
-                    os.lseek(fd, 0, os.SEEK_SET)
-                    os.write(fd, text.ljust(len(raw)))
-            finally:
-                os.close(fd)
+            raw = _read_private(path)
+            records = self._live_records(raw, path)
+            if self._mine is not None and self.me not in records:
+                records[self.me] = json.loads(json.dumps(self._mine))  # re-assert our own entry
+            yield records
+            self._mine = records.get(self.me)
+            self._last_good = json.loads(json.dumps(records))
+            text = json.dumps(records, sort_keys=True).encode()
+            if text != raw:
+                _write_private(path, text)            # whole: written aside, then renamed over
+                _write_private(path + ".bak", text)   # what a corrupted file is rebuilt from
 
-    def _live_records(self, raw, path):
+    def _parse(self, raw, path):
+        """The records of ``raw``, or None when it does not parse."""
         try:
             loaded = json.loads(raw) if raw.strip() else {}
-            if not isinstance(loaded, dict):
-                raise ValueError("not an object")
         except (ValueError, RecursionError, UnicodeDecodeError):
+            return None
+        return loaded if isinstance(loaded, dict) else None
+
+    def _live_records(self, raw, path):
+        loaded = self._parse(raw, path)
+        if loaded is None:
+            backup = self._parse(_read_private(path + ".bak"), path)
             self._warn_once("corrupt", "comfy_memx: host registry %s does not parse; a copy is in %s.corrupt, and "
-                                       "it is rebuilt from this process's last view (every process re-asserts its "
-                                       "own entry)", path, path)
+                                       "it is rebuilt from %s.bak (every process also re-asserts its own entry)",
+                            path, path, path)
             with contextlib.suppress(OSError):
-                with open(path + ".corrupt", "wb") as copy:
-                    copy.write(raw)
-            loaded = self._last_good
+                _write_private(path + ".corrupt", raw)
+            loaded = backup if backup is not None else self._last_good
         records = {}
         for token, record in loaded.items():
             valid = _validated(token, record)
@@ -202,8 +203,7 @@ def private_dir():
         return runtime
     uid = os.getuid() if hasattr(os, "getuid") else None
     name = "comfy_memx-%s" % (uid if uid is not None else _user_name())
-    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-    folder = os.path.join(base, name)
+    folder = os.path.join(shared_base(), name)
     try:
         os.mkdir(folder, 0o700)  # exclusive: fails on anything already there, links included
     except FileExistsError:
@@ -219,6 +219,14 @@ def private_dir():
         if info.st_mode & 0o077:
             os.chmod(folder, 0o700)  # ours (checked above, not a link): close what a loose umask left open
     return folder
+
+
+def shared_base():
+    """The world-writable folder in which :func:`private_dir` makes this user's folder: /dev/shm, else the temp
+    folder."""
+    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        return "/dev/shm"
+    return tempfile.gettempdir()
 
 
 def default_registry_path(name=REGISTRY_NAME):
@@ -246,13 +254,25 @@ def _user_name():
         return "user"
 
 
-def _open_private(path):
-    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(
-        os, "O_BINARY", 0)
+def _read_private(path):
+    """The bytes of registry file ``path`` (b"" when it does not exist); :class:`RegistryUnavailable` when it is
+    not a regular file of this user (a link, a FIFO, another user's file) or is too large."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0) \
+        | getattr(os, "O_BINARY", 0)
     try:
-        fd = os.open(path, flags, 0o600)
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return b""
     except OSError as exc:
         raise RegistryUnavailable(exc.errno, "cannot open %s (%s)" % (path, exc.strerror)) from None
+    try:
+        _check_ours(fd, path)
+        return _read_all(fd)
+    finally:
+        os.close(fd)
+
+
+def _check_ours(fd, path):
     info = os.fstat(fd)
     problem = None
     if not stat.S_ISREG(info.st_mode):
@@ -261,12 +281,33 @@ def _open_private(path):
         problem = "belongs to uid %d, not to this user" % info.st_uid
     elif info.st_size > MAX_FILE_BYTES:
         problem = "is larger than %d bytes" % MAX_FILE_BYTES
+    elif hasattr(os, "getuid") and info.st_mode & 0o077:
+        problem = "is readable or writable by others (mode %o)" % stat.S_IMODE(info.st_mode)
     if problem is not None:
-        os.close(fd)
         raise RegistryUnavailable(0, "host registry %s %s" % (path, problem))
-    if hasattr(os, "fchmod") and info.st_mode & 0o077:
-        os.fchmod(fd, 0o600)
-    return fd
+
+
+def _write_private(path, data):
+    """Write ``data`` to ``path`` whole: into a new 0600 file beside it (``O_EXCL``, no link followed), then renamed
+    over ``path``, so a reader never sees half of it."""
+    temporary = "%s.%s.tmp" % (path, secrets.token_hex(4))
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | \
+        getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(temporary, flags, 0o600)
+    except OSError as exc:
+        raise RegistryUnavailable(exc.errno, "cannot write %s (%s)" % (path, exc.strerror)) from None
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError as exc:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise RegistryUnavailable(exc.errno, "cannot write %s (%s)" % (path, exc.strerror)) from None
+    os.close(fd)
+    os.replace(temporary, path)
 
 
 @contextlib.contextmanager
