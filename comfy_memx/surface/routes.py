@@ -20,6 +20,7 @@ only.
 """
 
 import asyncio
+import json
 import logging
 import math
 
@@ -72,10 +73,11 @@ class Handlers:
         self.asking = False  # one /memx/handoff/request at a time
 
     async def models(self, request):
-        """GET /memx/models."""
+        """GET /memx/models (rows built and serialized on the reads executor: the event loop only sends bytes)."""
+        from aiohttp import web
         loop = asyncio.get_running_loop()
-        rows = await loop.run_in_executor(gate.reads(), readmodel.model_rows)
-        return _json(rows)
+        body = await loop.run_in_executor(gate.reads(), _models_body)
+        return web.Response(body=body, content_type="application/json")
 
     async def free(self, request):
         """POST /memx/free: set ComfyUI's free flags, wait for the worker run that reads them, answer the receipt.
@@ -167,6 +169,10 @@ class Handlers:
         response = web.Response(body=body)
         response.headers["Content-Type"] = content_type
         return response
+
+
+def _models_body():
+    return json.dumps(readmodel.clip(readmodel.model_rows())).encode("utf-8")
 
 
 def _guard(request):
