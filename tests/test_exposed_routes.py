@@ -103,10 +103,11 @@ def test_a_spent_cpu_budget_refuses_searches_until_it_frees(tmp_path, monkeypatc
     async def scenario(comfy):
         model_id = await leaked_model(comfy)
         searches = gate.gate()
-        searches._spent.append((__import__("time").monotonic(), STATE.config.search_cpu))  # the minute is spent
+        searches.cpu_left()
+        searches._tokens = 0.0                                     # the bucket is empty
         refused = await post(comfy, f"/memx/models/{model_id}/search")
         receipt = await post(comfy, "/memx/free", json=routes.FREE_ALL)
-        searches._spent.clear()
+        searches._tokens = None                                    # full again
         allowed = await post(comfy, f"/memx/models/{model_id}/search")
         return refused, receipt, allowed
 

@@ -8,9 +8,10 @@
   a caller waits at most ``wait_s`` for it (HTTP: :data:`QUEUE_S`), then gets :class:`Busy` with the seconds to wait
   (the route answers 429 with ``Retry-After``).  At most :data:`MAX_WAITING` callers wait; the next is refused at
   once.
-* **CPU budget.**  The thread CPU seconds of every gated search are added up over a sliding minute; once they reach
-  ``COMFY_MEMX_SEARCH_CPU`` a search is refused (:class:`Busy` with the seconds until the oldest expires), and a search
-  never gets more time than the budget has left (``search_now``'s ``budget_s``).
+* **CPU budget.**  The thread CPU seconds of every gated search are taken from a bucket refilled at
+  ``COMFY_MEMX_SEARCH_CPU`` per minute that holds at most one search's worth; an empty bucket refuses a search
+  (:class:`Busy` with the seconds until it holds enough), and a search never gets more time than the bucket holds
+  (``search_now``'s ``budget_s``).
 
 Lock rule: :attr:`SearchGate.lock` is taken only by HTTP-driven searches (never by a callback) and held across the
 search; the small ``_books`` lock is held for list arithmetic only.
@@ -63,39 +64,49 @@ class Busy(Exception):
 
 
 class SearchGate:
-    """The single flight and CPU budget of on-demand holder searches (a part of the process state)."""
+    """The single flight and CPU budget of on-demand holder searches (a part of the process state).
+
+    The budget is a bucket of CPU seconds refilled at ``COMFY_MEMX_SEARCH_CPU / 60`` per second and holding at most
+    one search's worth (``COMFY_MEMX_LEAK_BUDGET``, at least :data:`MIN_SEARCH_S`): searches never take more than
+    that share of a core, averaged over any stretch of time, and never come in a burst longer than one search.
+    """
 
     def __init__(self):
         self.lock = threading.Lock()
         self._books = threading.Lock()
-        self._spent = collections.deque()   # (monotonic end, cpu seconds) of the searches of the last window
+        self._tokens = None                 # CPU seconds available now (None: full, set on first use)
+        self._filled = time.monotonic()
         self._waiting = 0
         self._running_since = None
         self.counters = collections.Counter()  # searches, refused_busy, refused_budget, cpu_seconds
 
+    @staticmethod
+    def _rate():
+        return float(STATE.config.search_cpu) / WINDOW_S
+
+    @staticmethod
+    def _capacity():
+        return max(MIN_SEARCH_S, min(float(STATE.config.leak_budget), float(STATE.config.search_cpu)))
+
     def cpu_left(self, now=None):
-        """CPU seconds the budget has left in the current window."""
+        """CPU seconds the budget holds now (at most one search's worth)."""
         now = time.monotonic() if now is None else now
         with self._books:
-            self._expire(now)
-            return STATE.config.search_cpu - sum(cpu for _, cpu in self._spent)
+            if self._tokens is None:
+                self._tokens = self._capacity()
+            self._tokens = min(self._capacity(), self._tokens + (now - self._filled) * self._rate())
+            self._filled = now
+            return self._tokens
 
-    def _expire(self, now):
-        while self._spent and self._spent[0][0] <= now - WINDOW_S:
-            self._spent.popleft()
+    def _spend(self, cpu):
+        self.cpu_left()
+        with self._books:
+            self._tokens -= cpu
 
     def _budget_wait(self, now):
-        """Seconds until enough of the window's CPU expires for a search to start."""
-        with self._books:
-            self._expire(now)
-            left = STATE.config.search_cpu - sum(cpu for _, cpu in self._spent)
-            wait = 0.0
-            for end, cpu in self._spent:  # oldest first
-                if left >= MIN_SEARCH_S:
-                    break
-                left += cpu
-                wait = end + WINDOW_S - now
-            return max(wait, 0.0) if left >= MIN_SEARCH_S else WINDOW_S
+        """Seconds until the bucket holds enough for a search to start."""
+        missing = MIN_SEARCH_S - self.cpu_left(now)
+        return max(0.0, missing) / self._rate()
 
     def search(self, record, ignore=(), wait_s=QUEUE_S):
         """Run ``leaks.watch.search_now(record, ignore, budget_s)`` when the lock and the CPU budget allow; raises
@@ -129,8 +140,7 @@ class SearchGate:
                 return leakwatch.search_now(record, ignore=ignore, budget_s=budget)
             finally:
                 cpu = time.thread_time() - cpu_before
-                with self._books:
-                    self._spent.append((time.monotonic(), cpu))
+                self._spend(cpu)
                 self.counters["searches"] += 1
                 self.counters["cpu_seconds"] += cpu
                 self._running_since = None
