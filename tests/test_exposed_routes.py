@@ -240,3 +240,48 @@ def test_is_loopback_covers_v4_v6_and_mapped_addresses():
     assert all(access.is_loopback(a) for a in ("127.0.0.1", "127.8.9.10", "::1", "::ffff:127.0.0.1"))
     assert not any(access.is_loopback(a) for a in ("10.213.0.2", "192.168.1.5", "::ffff:10.0.0.1", "fe80::1",
                                                     "not-an-ip"))
+
+
+def test_a_hung_peer_holds_neither_the_reads_nor_a_second_handoff_request(tmp_path, monkeypatch):
+    import socket
+    from comfy_memx.pins.hostshare import Peer
+    from comfy_memx.sharing import handoff
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(16)             # accepts connections into its backlog and never answers
+    url = "http://127.0.0.1:%d" % hung.getsockname()[1]
+
+    async def scenario(comfy):
+        handoff.start(1)
+        monkeypatch.setattr(handoff.part().registry, "peers", lambda: {
+            "ab" * 16: Peer(4242, 0, {"device": handoff.part().device, "url": url, "secret": "s" * 32})})
+        asking = [asyncio.ensure_future(post(comfy, "/memx/handoff/request?bytes=10")) for _ in range(12)]
+        await asyncio.sleep(0.2)
+        reads = [await comfy.get_json("/memx/models") for _ in range(5)]   # answered while a peer hangs
+        answers = await asyncio.gather(*asking)
+        return reads, answers
+
+    try:
+        reads, answers = serve("0.27.0", tmp_path, scenario, handoff_wait=2, **handoff_on(tmp_path, monkeypatch))
+    finally:
+        hung.close()
+    assert all(status == 200 for status, _ in reads)
+    statuses = sorted(status for status, _, _ in answers)
+    assert statuses.count(200) == 1 and statuses.count(429) == 11
+    [done] = [body for status, body, _ in answers if status == 200]
+    assert done["peers_asked"] == [{"pid": 4242, "status": "unreachable"}] and done["freed_bytes"] == 0
+
+
+def test_handoff_groups_have_registries_of_their_own(tmp_path, monkeypatch):
+    from comfy_memx.core import config
+    from comfy_memx.core.state import STATE
+    from comfy_memx.sharing import handoff
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    os_paths = set()
+    for group in ("default", "team-a"):
+        monkeypatch.setattr(STATE, "config", config.parse({"COMFY_MEMX_HANDOFF_GROUP": group}))
+        os_paths.add(handoff.registry_path())
+    assert os_paths == {str(tmp_path / "comfy_memx-instances-default.json"),
+                        str(tmp_path / "comfy_memx-instances-team-a.json")}
+    with pytest.raises(config.ConfigError, match="COMFY_MEMX_HANDOFF_GROUP"):
+        config.parse({"COMFY_MEMX_HANDOFF_GROUP": "../etc"})
