@@ -285,3 +285,20 @@ def test_handoff_groups_have_registries_of_their_own(tmp_path, monkeypatch):
                         str(tmp_path / "comfy_memx-instances-team-a.json")}
     with pytest.raises(config.ConfigError, match="COMFY_MEMX_HANDOFF_GROUP"):
         config.parse({"COMFY_MEMX_HANDOFF_GROUP": "../etc"})
+
+
+def test_the_token_is_never_shown_and_a_short_one_is_refused():
+    from comfy_memx.core import config
+    cfg = config.parse({"COMFY_MEMX_TOKEN": TOKEN})
+    assert cfg.token == TOKEN and cfg.as_dict()["token"] == "<set>" and TOKEN not in repr(cfg.as_dict())
+    with pytest.raises(config.ConfigError) as info:
+        config.parse({"COMFY_MEMX_TOKEN": "short"})
+    assert "COMFY_MEMX_TOKEN" in str(info.value) and "16" in str(info.value) and "short" not in str(info.value)
+
+
+def test_depth_skips_brackets_inside_strings():
+    from comfy_memx.surface import bodies
+    assert bodies.depth(b'{"a": "[[[[[[[[[[[[\\"[[[["}') == 1
+    assert bodies.depth(b'[[["]"]]]') == 3
+    with pytest.raises(bodies.BadBody):
+        bodies.parse_object(b'{"x": ' + b"[" * 9 + b"]" * 9 + b"}", {})

@@ -47,7 +47,8 @@ class Setting:
     def rejected(self, raw, why):
         """The error message for value ``raw``: the variable, the value, why, and the launcher option if any."""
         option = f" (launcher option {self.flag})" if self.option else ""
-        return f"{self.env}={raw!r} {why}{option}"
+        shown = "<hidden>" if self.field in SECRET_FIELDS else repr(raw)  # a secret never goes to a log
+        return f"{self.env}={shown} {why}{option}"
 
 
 def _bool(text):
