@@ -215,3 +215,21 @@ def test_a_live_pid_that_reuses_a_dead_entrys_number_does_not_keep_its_share(tmp
     records["cd" * 16] = {"pid": os.getpid(), "start": None, "bytes": 900 * MiB, "data": {}}  # our own, live, pid
     corrupt_or_forge(path, json.dumps(records))
     assert registry.entries() == {}
+
+
+def test_handoff_stays_off_with_a_warning_when_its_folder_belongs_to_another_user(shared, monkeypatch, caplog):
+    needs_root()
+    from comfy_memx.core import config
+    from comfy_memx.core.state import STATE
+    from comfy_memx.sharing import handoff
+    folder = own_folder(shared)
+    folder.mkdir(mode=0o777)
+    os.chown(folder, OTHER_UID, OTHER_UID)
+    monkeypatch.setattr(STATE, "config", config.parse({"COMFY_MEMX_HANDOFF": "host"}))
+    monkeypatch.setattr(STATE.errors, "raise_internal", True)   # not an internal error: nothing is raised
+    try:
+        assert handoff.start_safely(1) is None
+        assert handoff.part().registry is None and handoff.part().secret is None
+    finally:
+        STATE.reset()
+    assert any("GPU hand-off is off" in r.getMessage() for r in caplog.records)

@@ -188,8 +188,13 @@ def give(queue, body):
 
 def start_safely(port):
     """:func:`start`, logging instead of raising (the registry file may be unusable)."""
+    from comfy_memx.pins.hostshare import RegistryUnavailable
     try:
         return start(port)
+    except RegistryUnavailable as exc:  # another user's folder or file, a link: not a bug of ours
+        log.warning("comfy_memx: GPU hand-off is off: its registry cannot be used safely (%s)", exc)
+        part().registry = part().secret = None
+        return None
     except Exception as exc:
         internal_error("GPU hand-off registry", exc)
         return None
