@@ -302,3 +302,30 @@ def test_depth_skips_brackets_inside_strings():
     assert bodies.depth(b'[[["]"]]]') == 3
     with pytest.raises(bodies.BadBody):
         bodies.parse_object(b'{"x": ' + b"[" * 9 + b"]" * 9 + b"}", {})
+
+
+def test_concurrent_frees_do_not_queue_behind_a_running_search(tmp_path, monkeypatch):
+    from comfy_memx.leaks import watch
+    release, entered = threading.Event(), threading.Event()
+    real = watch.search_now
+
+    def held_search(record, ignore=(), budget_s=None):
+        if not entered.is_set():
+            entered.set()
+            assert release.wait(60)
+        return real(record, ignore=ignore, budget_s=budget_s)
+
+    async def scenario(comfy):
+        model_id = await leaked_model(comfy)
+        monkeypatch.setattr(watch, "search_now", held_search)
+        searching = asyncio.ensure_future(post(comfy, f"/memx/models/{model_id}/search"))
+        await asyncio.get_running_loop().run_in_executor(None, entered.wait, 30)
+        frees = await asyncio.gather(*[post(comfy, "/memx/free", json={"unload_models": True}) for _ in range(6)])
+        release.set()
+        return frees, await searching
+
+    frees, (search_status, _, _) = serve("0.27.0", tmp_path, scenario)
+    assert search_status == 200
+    for status, receipt, _ in frees:
+        assert status == 200 and receipt["survivors"]
+        assert all(s["search"]["note"] == "not searched: busy" for s in receipt["survivors"])

@@ -41,6 +41,7 @@ from comfy_memx.surface import readmodel, retention
 from comfy_memx.surface.readmodel import still_loaded
 
 MAX_SEARCHED = 8  # survivors per request that get a holder search (each bounded by COMFY_MEMX_LEAK_BUDGET)
+RECEIPT_WAIT_S = 0.5  # how long a receipt waits for another search to end; then its survivors say "busy"
 FLAGS = ("unload_models", "free_memory")
 
 
@@ -408,7 +409,7 @@ def _search_survivors(request, survivors):
             survivor["search"] = refused
             continue
         try:
-            survivor.update(gate.gate().search(record, ignore=[request, survivors]))
+            survivor.update(gate.gate().search(record, ignore=[request, survivors], wait_s=RECEIPT_WAIT_S))
         except gate.Busy as busy:
             refused = {"note": f"not searched: {busy.why.replace('_', ' ')}", "retry_after": busy.retry_after}
             survivor["search"] = refused
