@@ -132,7 +132,7 @@ class Server:
         prompt = {"1": {"class_type": "LeakyLoader", "inputs": {"name": f"m{index % 3}", "tensor_count": 8,
                                                                 "tensor_numel": 4096, "leak": index % 3 == 0}},
                   "2": {"class_type": "LeakySampler", "inputs": {"model": ["1", 0]}},
-                  "3": {"class_type": "MemxBusy", "inputs": {"seconds": busy_s}}}
+                  "3": {"class_type": "MemxBusy", "inputs": {"seconds": busy_s + index * 1e-9}}}  # never cached
         started = time.monotonic()
         status, raw = http("POST", self.url + "/prompt", {"prompt": prompt})
         assert status == 200, raw
