@@ -7,13 +7,19 @@ route                  method  answer
 ``/memx/free``         POST    ComfyUI's ``/free`` body; waits for the prompt worker, then the receipt (200), or
                                what is known when ``?timeout=`` seconds (default 60) passed first (202)
 ``/memx/models/{id}/   POST    a strict holder search of one live model now (bounded by COMFY_MEMX_LEAK_BUDGET);
-search``                       404 for an unknown model_id
+search``                       404 for an unknown model_id; guarded; 429 + Retry-After when another search runs or
+                               the CPU budget is spent (``surface.gate``)
+``/memx/handoff``      POST    a peer of the group asks this instance to unload (peer secret only)
+``/memx/handoff/       POST    ask the idle peers to unload ``?bytes=N`` (guarded, one at a time)
+request``
 ``/metrics``           GET     Prometheus text (``surface.metrics``); only when no other extension serves it
 ``/memx/metrics``      GET     the same, always
 =====================  ======  ==================================================================================
 
-ComfyUI also serves each of them under ``/api``.  Apart from the two POSTs they only read state; none accepts a
-file path; answers hold names and numbers, never tensors (``readmodel.clip``: strings cut to 300 characters,
+ComfyUI also serves each of them under ``/api``.  Who may call the POSTs is ``surface.access``'s decision (guarded:
+loopback or the token); their bodies are read by ``surface.bodies`` (bounded, typed: 400/413, never 500); the reads
+run on ``gate.reads()``, everything that can take long on ``gate.work()``.  Apart from the POSTs they only read
+state; none accepts a file path; answers hold names and numbers, never tensors (``readmodel.clip``: strings cut to 300 characters,
 objects that are not JSON values shown as ``<TypeName>``, never through their ``repr``).  A failing handler answers
 an error JSON (``{"error", "message"}``) and the server keeps serving.  aiohttp is imported by :func:`register`
 only.
