@@ -222,7 +222,7 @@ SETTINGS = (
             "Lets callers that are not on loopback use the guarded routes (holder searches, /memx/free's searches, "
             "/memx/handoff/request) when they send it as `Authorization: Bearer <token>` or `X-Memx-Token`.",
             option=False),
-    Setting("COMFY_MEMX_SEARCH_CPU", "search_cpu", _positive_seconds, 10.0, "seconds > 0",
+    Setting("COMFY_MEMX_SEARCH_CPU", "search_cpu", _positive_seconds, 2.0, "seconds > 0",
             "CPU seconds per minute that holder searches asked for over HTTP may use in all."),
     Setting("COMFY_MEMX_EVENT_RATE", "event_rate", _positive_count, 20, "a whole number >= 1",
             "Events per second that HTTP requests may write (free, handoff); the rest are dropped and counted."),
