@@ -143,7 +143,7 @@ def test_a_full_disk_costs_one_warning_counted_drops_no_partial_line_and_writing
         assert any("writable again" in r.getMessage() for r in caplog.records)
 
 
-def test_events_emitted_on_an_event_loop_are_written_by_another_thread(tmp_path, monkeypatch):
+def test_events_emitted_on_the_server_loop_are_written_by_another_thread(tmp_path, monkeypatch):
     path = tmp_path / "events.jsonl"
     log = EventLog(str(path))
     writers = []
@@ -155,12 +155,23 @@ def test_events_emitted_on_an_event_loop_are_written_by_another_thread(tmp_path,
     monkeypatch.setattr(EventLog, "_write", spy)
 
     async def on_loop():
+        eventsmod.avoid_loop(asyncio.get_running_loop())   # as routes.register does for ComfyUI's server loop
         log.emit("free", status="done")
     asyncio.run(on_loop())
     log.emit("load", model="M")   # off the loop: written here
     log.close()
     assert sorted(line["event"] for line in lines_of(path)) == ["free", "load"]
-    assert writers == [False, False]  # both written, neither on a thread that runs an event loop
+    assert writers == [False, False]  # both written, neither while the server loop ran on the writing thread
+
+
+def test_events_emitted_on_another_loop_are_written_at_once(tmp_path):
+    path = tmp_path / "events.jsonl"
+    log = EventLog(str(path))
+
+    async def prompt():   # ComfyUI runs each prompt in an event loop of the worker's own
+        log.emit("load", model="M")
+        return lines_of(path)
+    assert [line["event"] for line in asyncio.run(prompt())] == ["load"]
 
 
 def test_request_events_are_rate_limited_and_the_drops_counted(tmp_path):

@@ -14,8 +14,9 @@ fails it.  The file behaves like a log file:
 * out of space (``ENOSPC``, ``EDQUOT``, ``EFBIG``): one warning, the events are dropped and counted, a write is
   tried again at most once per :data:`RETRY_S`, and when one succeeds an ``events_dropped`` line says how many were
   lost; any other error switches the file off with one warning while ComfyUI runs on;
-* no file I/O on an asyncio event loop: an event emitted on a thread that runs a loop (ComfyUI's server thread) is
-  handed to a writer thread;
+* no file I/O on the server's event loop: an event emitted while a loop named by :func:`avoid_loop` runs on this
+  thread (ComfyUI's server loop, named by ``surface.routes.register``) is handed to a writer thread; the prompt
+  worker's own loop (ComfyUI runs each prompt in one) writes directly, line by line, as before;
 * events written for HTTP requests (:meth:`EventLog.emit_request`) are limited to ``request_rate`` per second;
   the rest are dropped and counted (``events_dropped`` with ``reason: "rate"``).
 
@@ -33,6 +34,7 @@ import stat
 import sys
 import threading
 import time
+import weakref
 
 from comfy_memx.core.errors import internal_error
 
@@ -283,11 +285,21 @@ def _end_with_newline(path, fd, size):
         os.write(fd, b"\n")
 
 
+_AVOIDED = weakref.WeakSet()   # event loops on which no file I/O may happen (ComfyUI's server loop)
+
+
+def avoid_loop(loop):
+    """Never write the events file while ``loop`` runs on the emitting thread (lines go to a writer thread)."""
+    if loop is not None:
+        _AVOIDED.add(loop)
+
+
 def _on_event_loop():
     asyncio = sys.modules.get("asyncio")
-    if asyncio is None:
+    if asyncio is None or not _AVOIDED:
         return False
     try:
-        return asyncio.events._get_running_loop() is not None
+        loop = asyncio.events._get_running_loop()
     except Exception:
         return False
+    return loop is not None and loop in _AVOIDED

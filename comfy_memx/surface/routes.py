@@ -296,6 +296,8 @@ def register(server):
     if served is not None:
         return served
     handlers = Handlers(server)
+    from comfy_memx.core import events
+    events.avoid_loop(getattr(server, "loop", None))   # no events-file I/O on ComfyUI's server loop
     routes = server.routes
     routes.get("/memx/models")(_guarded("/memx/models", handlers.models))
     routes.post("/memx/free")(_guarded("/memx/free", handlers.free))
