@@ -108,6 +108,17 @@ class SearchGate:
         missing = MIN_SEARCH_S - self.cpu_left(now)
         return max(0.0, missing) / self._rate()
 
+    def refuse_early(self):
+        """Raise :class:`Busy` at once when a search could not start now anyway (the budget is empty, or as many
+        callers wait as may); cheap enough for the event loop, so a refused request costs no executor hop."""
+        now = time.monotonic()
+        if self.cpu_left(now) < MIN_SEARCH_S:
+            self.counters["refused_budget"] += 1
+            raise Busy("cpu_budget", self._budget_wait(now))
+        if self._waiting >= MAX_WAITING:
+            self.counters["refused_busy"] += 1
+            raise Busy("busy", self._retry_busy())
+
     def search(self, record, ignore=(), wait_s=QUEUE_S):
         """Run ``leaks.watch.search_now(record, ignore, budget_s)`` when the lock and the CPU budget allow; raises
         :class:`Busy` otherwise.  Blocking: call it on :func:`work`."""

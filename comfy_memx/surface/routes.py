@@ -131,6 +131,7 @@ class Handlers:
             raise HttpError(404, "unknown_model", f"no live model {model_id!r} (see GET /memx/models)")
         loop = asyncio.get_running_loop()
         try:
+            gate.gate().refuse_early()
             found = await loop.run_in_executor(gate.work(), gate.gate().search, record)
         except gate.Busy as busy:
             raise HttpError(429, busy.why, _busy_message(busy), retry_after=busy.retry_after) from None
