@@ -251,36 +251,29 @@ def test_concurrent_pins_and_unpins_keep_the_books_straight():
 
 # -- host scope ------------------------------------------------------------------------------------------------------
 
+def shares(path):
+    """``{pid: bytes}`` of the live entries of the registry at ``path`` (the registry keys them by instance token)."""
+    return {peer.pid: peer.bytes for peer in HostRegistry(str(path)).peers(include_self=True).values()}
+
+
 def test_registry_file_is_private_and_drops_dead_processes(tmp_path):
     path = str(tmp_path / "pins.json")
     old = os.umask(0)
     try:
         registry = HostRegistry(path)
         with registry.transaction() as entries:
-            entries[os.getpid()] = 123
+            entries[registry.me] = 123
     finally:
         os.umask(old)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    zombie = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    zombie.send_signal(signal.SIGKILL)
-    for _ in range(400):   # the kill is asynchronous: wait (bounded) until the child is a zombie, not yet reaped
-        with open(f"/proc/{zombie.pid}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                break
-        time.sleep(0.025)
-    try:
-        with open(path) as f:
-            records = json.load(f)
-        records[exited.stdout.strip()] = {"bytes": 5, "start": None}
-        records[str(zombie.pid)] = {"bytes": 7, "start": None}  # killed but not reaped yet
-        with open(path, "w") as f:
-            json.dump(records, f)
-        assert registry.entries() == {os.getpid(): 123}
-        with open(path) as f:
-            assert list(json.load(f)) == [str(os.getpid())]
-    finally:
-        zombie.wait()
+    with open(path) as f:
+        records = json.load(f)
+    records["deadbeef" * 4] = {"pid": 1, "bytes": 5, "data": {}}  # nobody holds its live file
+    with open(path, "w") as f:
+        json.dump(records, f)
+    assert registry.entries() == {registry.me: 123}
+    with open(path) as f:
+        assert list(json.load(f)) == [registry.me]
 
 
 def test_registry_owned_by_another_user_is_refused(tmp_path):
@@ -289,7 +282,7 @@ def test_registry_owned_by_another_user_is_refused(tmp_path):
     path = tmp_path / "pins.json"
     path.write_text("{}")
     os.chown(path, 12345, 12345)
-    with pytest.raises(ConfigError, match="another user"):
+    with pytest.raises(hostshare.RegistryUnavailable, match="not to this user"):
         with HostRegistry(str(path)).transaction():
             pass
 
@@ -298,7 +291,7 @@ def test_default_registry_path_prefers_the_runtime_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     assert hostshare.default_registry_path() == str(tmp_path / "comfy_memx-pins.json")
     monkeypatch.delenv("XDG_RUNTIME_DIR")
-    assert str(os.getuid()) in os.path.basename(hostshare.default_registry_path())
+    assert os.path.basename(os.path.dirname(hostshare.default_registry_path())) == f"comfy_memx-{os.getuid()}"
 
 
 WORKER = textwrap.dedent("""
@@ -347,16 +340,16 @@ def test_two_processes_share_one_host_budget_and_a_killed_ones_share_is_reclaime
         refused = second.send("request", "vae", 60)
         assert not refused["granted"] and refused["reason"] == "over_cap" and refused["others"] == 60
         assert second.send("request", "vae", 40)["granted"]
-        assert HostRegistry(path).entries() == {first.process.pid: 60, second.process.pid: 40}
+        assert shares(path) == {first.process.pid: 60, second.process.pid: 40}
 
         first.process.send_signal(signal.SIGKILL)
         first.process.wait()
         reclaimed = second.send("request", "unet", 50)
         assert reclaimed["granted"] and reclaimed["evict"] == [] and reclaimed["others"] == 0
-        assert HostRegistry(path).entries() == {second.process.pid: 90}
+        assert shares(path) == {second.process.pid: 90}
 
         assert second.send("release", "unet", 50)["reserved"] == 40  # shrinks once 2 chunks are unused
-        assert HostRegistry(path).entries() == {second.process.pid: 40}
+        assert shares(path) == {second.process.pid: 40}
     finally:
         first.close()
         second.close()
@@ -382,7 +375,7 @@ def test_host_scope_evicts_only_its_own_pins(tmp_path):
         assert budget.stats()["other_processes_bytes"] == 50
         budget.release("a", 20)
         budget.close()
-        assert HostRegistry(path).entries() == {other.process.pid: 50}
+        assert shares(path) == {other.process.pid: 50}
     finally:
         other.close()
 
@@ -403,16 +396,16 @@ def test_host_registry_lists_live_peers_with_what_they_publish(tmp_path):
     try:
         assert peer.stdout.readline().strip() == "ready"
         registry = HostRegistry(path)
-        assert registry.peers() == {peer.pid: hostshare.Peer(peer.pid, 5, {"device": "cuda:0", "port": 8188})}
+        assert list(registry.peers().values()) == [hostshare.Peer(peer.pid, 5, {"device": "cuda:0", "port": 8188})]
         mine = registry.publish(state="idle")
         assert mine == hostshare.Peer(os.getpid(), 0, {"state": "idle"})
         # The pin budget rewrites bytes under the same lock; what peers published stays.
         budget = PinBudget(100, scope="host", registry=registry, host_chunk_bytes=10)
         assert budget.request("a", 30).granted
-        assert registry.peers(include_self=True)[os.getpid()] == hostshare.Peer(os.getpid(), 30, {"state": "idle"})
+        assert registry.peers(include_self=True)[registry.me] == hostshare.Peer(os.getpid(), 30, {"state": "idle"})
         assert registry.publish(state=None).data == {}
         registry.withdraw()
-        assert os.getpid() not in registry.peers(include_self=True)
+        assert registry.me not in registry.peers(include_self=True)
         peer.kill()
         peer.wait()
         assert registry.peers(include_self=True) == {}

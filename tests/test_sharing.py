@@ -186,7 +186,7 @@ def test_a_load_short_of_device_memory_asks_the_peers_first(tmp_path, monkeypatc
         handoff.start(1)
         asked = []
 
-        def answer(url, body, timeout):
+        def answer(url, body, timeout, secret=None):
             asked.append((url, body["bytes"], body["device"]))
             return {"status": "done", "freed_bytes": body["bytes"], "freed": ["BaseModel#7"]}
         monkeypatch.setattr(handoff, "_ask", answer)

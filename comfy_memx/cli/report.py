@@ -16,6 +16,7 @@ could not be written (the text report is printed anyway), 2 when the file cannot
 
 import argparse
 import json
+import math
 import sys
 
 from comfy_memx.core.units import format_bytes
@@ -89,19 +90,19 @@ class EventReport:
             return
         self.lines += 1
         try:
-            event = json.loads(line)
+            event = parse_line(line)
             if not isinstance(event, dict) or not isinstance(event.get("event"), str):
                 raise ValueError("not an event object")
             self._add(event)
-        except (ValueError, TypeError, KeyError, AttributeError):
+        except (ValueError, TypeError, KeyError, AttributeError, ArithmeticError, RecursionError):
             self.malformed += 1
             return
         self.events += 1
 
     def _add(self, event):
         kind = event["event"]
-        when = float(event["time"])
-        pid = int(event.get("pid") or 0)
+        when = _seconds(event["time"])
+        pid = _count(event.get("pid"))
         handler = {"load": self._load, "unload": self._unload, "leak": self._leak, "leak_seen": self._leak_seen,
                    "pin_evict": self._pin_evict, "thrash": self._thrash}.get(kind)
         if handler is None:
@@ -136,6 +137,10 @@ class EventReport:
     def _load(self, event, pid, when):
         nbytes, seconds = _count(event.get("bytes")), _seconds(event.get("seconds"))
         resident = _count(event.get("loaded_bytes"))
+        reload = event.get("reload")
+        if reload is not None and not isinstance(reload, dict):
+            raise TypeError("reload")
+        reloaded = (_seconds(reload.get("seconds")), _count(reload.get("bytes"))) if reload is not None else None
         key, row = self._model(event, pid)
         copied = event.get("copied") is not False
         for tally in (row["tally"], self._package(row["package"])):
@@ -146,15 +151,12 @@ class EventReport:
                 tally.load_copied[1] += seconds
         self._set_resident(key, row, when, resident)
         self.marks.setdefault(key, []).append((when, "load", format_bytes(nbytes)))
-        reload = event.get("reload")
-        if reload is not None:
-            if not isinstance(reload, dict):
-                raise TypeError("reload")
+        if reloaded is not None:   # checked before anything was counted: a bad line counts nothing
             tally = self.reloads.setdefault((str(reload.get("cause") or "?"), row["model"]),
                                             {"reloads": 0, "seconds": 0.0, "bytes": 0})
             tally["reloads"] += 1
-            tally["seconds"] += _seconds(reload.get("seconds"))
-            tally["bytes"] += _count(reload.get("bytes"))
+            tally["seconds"] += reloaded[0]
+            tally["bytes"] += reloaded[1]
 
     def _unload(self, event, pid, when):
         nbytes, seconds = _count(event.get("bytes")), _seconds(event.get("seconds"))
@@ -251,20 +253,55 @@ class EventReport:
                 "leak_patterns": patterns}
 
 
+MAX_DEPTH = 32          # a line nested deeper is skipped before it is parsed (no RecursionError)
+MAX_NUMBER = 2 ** 63    # bytes and seconds above this are not from comfy_memx: the line is skipped
+
+
+def parse_line(line):
+    """One log line as JSON, refusing what comfy_memx never writes: nesting deeper than :data:`MAX_DEPTH`,
+    ``NaN``/``Infinity``, numbers that overflow a float (``1e999``) or a whole number of more than 19 digits
+    (raises ValueError)."""
+    from comfy_memx.surface.bodies import depth
+    if depth(line.encode("utf-8", "replace")) > MAX_DEPTH:
+        raise ValueError("nested too deep")
+    return json.loads(line, parse_constant=_refuse, parse_float=_finite, parse_int=_bounded_int)
+
+
+def _refuse(name):
+    raise ValueError(name)
+
+
+def _finite(text):
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(text)
+    return value
+
+
+def _bounded_int(text):
+    if len(text.lstrip("-")) > 19:
+        raise ValueError("a whole number too long")
+    return int(text)
+
+
+def _number(value, what):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number")
+    if not math.isfinite(value) or abs(value) > MAX_NUMBER:
+        raise ValueError(f"{what} out of range")
+    return value
+
+
 def _count(value):
     if value is None:
         return 0
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError("a byte count must be a number")
-    return max(0, int(value))
+    return max(0, int(_number(value, "a byte count")))
 
 
 def _seconds(value):
     if value is None:
         return 0.0
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError("seconds must be a number")
-    return max(0.0, float(value))
+    return max(0.0, float(_number(value, "seconds")))
 
 
 def read_events(path):

@@ -10,6 +10,8 @@ are returned as warnings (typo guard).
 import dataclasses
 import math
 import os
+import re
+import stat
 
 from comfy_memx.core.discovery import patch_names
 from comfy_memx.core.errors import ConfigError
@@ -45,7 +47,8 @@ class Setting:
     def rejected(self, raw, why):
         """The error message for value ``raw``: the variable, the value, why, and the launcher option if any."""
         option = f" (launcher option {self.flag})" if self.option else ""
-        return f"{self.env}={raw!r} {why}{option}"
+        shown = "<hidden>" if self.field in SECRET_FIELDS else repr(raw)  # a secret never goes to a log
+        return f"{self.env}={shown} {why}{option}"
 
 
 def _bool(text):
@@ -82,14 +85,31 @@ def _writable_folder(folder):
         raise Unusable(f"the folder {folder} is not writable")
 
 
+FILE_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+              (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder"))
+
+
+def not_a_regular_file(mode):
+    """What a file of ``st_mode`` ``mode`` is when it is not a regular file (``"a FIFO (named pipe)"``), else None."""
+    return next((what for test, what in FILE_KINDS if test(mode)), None if stat.S_ISREG(mode) else "not a regular file")
+
+
 def _events_file(text):
     path = _absolute(text)
     if path is None:
         return None
-    if os.path.isdir(path):
-        raise Unusable(f"{path} is a folder, not a file")
+    try:
+        info = os.stat(path)  # follows a link: what a write would reach
+    except FileNotFoundError:
+        info = None
+    except OSError as exc:
+        raise Unusable(f"{path} cannot be inspected ({exc.strerror or exc})") from None
+    if info is not None:
+        what = not_a_regular_file(info.st_mode)
+        if what is not None:
+            raise Unusable(f"{path} is {what}, not a regular file")
     _writable_folder(os.path.dirname(path))
-    if os.path.exists(path) and not os.access(path, os.W_OK):
+    if info is not None and not os.access(path, os.W_OK):
         raise Unusable(f"the file {path} is not writable")
     return path
 
@@ -127,6 +147,33 @@ def _prompt_count(text):
 def _non_negative_seconds(text):
     value = float(text)
     if not math.isfinite(value) or value < 0:
+        raise ValueError(text)
+    return value
+
+
+MIN_TOKEN_CHARS = 16
+GROUP_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def _token(text):
+    token = text.strip()
+    if not token:
+        return None
+    if len(token) < MIN_TOKEN_CHARS or not token.isprintable() or any(c.isspace() for c in token):
+        raise ValueError(text)
+    return token
+
+
+def _group(text):
+    name = text.strip()
+    if not GROUP_NAME.fullmatch(name):
+        raise ValueError(text)
+    return name
+
+
+def _positive_count(text):
+    value = int(text.strip())
+    if value < 1:
         raise ValueError(text)
     return value
 
@@ -170,17 +217,40 @@ SETTINGS = (
             "RAM + disk swap - 16 GiB)), with RAM clamped to the cgroup limit."),
     Setting("COMFY_MEMX_PIN_SCOPE", "pin_scope", _choice(PIN_SCOPES), "process", ", ".join(PIN_SCOPES),
             "process: the cap is per ComfyUI process; host: all ComfyUI processes of this user share it."),
+    Setting("COMFY_MEMX_TOKEN", "token", _token, None,
+            f"a string of at least {MIN_TOKEN_CHARS} printable characters without blanks (unset: none)",
+            "Lets callers that are not on loopback use the guarded routes (holder searches, /memx/free's searches, "
+            "/memx/handoff/request) when they send it as `Authorization: Bearer <token>` or `X-Memx-Token`.",
+            option=False),
+    Setting("COMFY_MEMX_SEARCH_CPU", "search_cpu", _positive_seconds, 2.0, "seconds > 0",
+            "CPU seconds per minute that holder searches asked for over HTTP may use in all."),
+    Setting("COMFY_MEMX_EVENT_RATE", "event_rate", _positive_count, 20, "a whole number >= 1",
+            "Events per second that HTTP requests may write (free, handoff); the rest are dropped and counted."),
+    Setting("COMFY_MEMX_HANDOFF_GROUP", "handoff_group", _group, "default",
+            "1-64 letters, digits, '_', '.', '-'",
+            "COMFY_MEMX_HANDOFF=host: only instances of this user with the same group name hand the GPU to each "
+            "other."),
     Setting("COMFY_MEMX_RAISE_INTERNAL", "raise_internal", _bool, False, "1/true/yes/on or 0/false/no/off",
             "Re-raise comfy_memx's own internal errors instead of logging them (for tests and development).",
             option=False),
 )
+
+SECRET_FIELDS = ("token",)
+
+
+def _shown(setting, value):
+    """A setting's value as ``as_dict`` shows it (doctor, ``comfy_memx.status()``): secrets only as set or not."""
+    if setting.field in SECRET_FIELDS and value is not None:
+        return "<set>"
+    return value
+
 
 Config = dataclasses.make_dataclass(
     "Config", [(s.field, object, dataclasses.field(default=s.default)) for s in SETTINGS] + [
         ("warnings", tuple, dataclasses.field(default=()))],
     frozen=True, namespace={
         "__doc__": "The parsed, immutable comfy_memx settings; ``warnings`` holds typo-guard messages.",
-        "as_dict": lambda self: {s.field: getattr(self, s.field) for s in SETTINGS},
+        "as_dict": lambda self: {s.field: _shown(s, getattr(self, s.field)) for s in SETTINGS},
     })
 
 

@@ -36,7 +36,7 @@ class ProcessState:
         self.events.close()
         self.config = cfg
         self.source = activation_source
-        self.events = EventLog(cfg.events)
+        self.events = EventLog(cfg.events, request_rate=cfg.event_rate)
         self.errors.raise_internal = self.errors.raise_internal or cfg.raise_internal
 
     def part(self, cls):

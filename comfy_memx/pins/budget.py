@@ -45,7 +45,7 @@ import os
 import threading
 
 from comfy_memx.core.errors import ConfigError, internal_error
-from comfy_memx.pins.hostshare import HostRegistry
+from comfy_memx.pins.hostshare import HostRegistry, RegistryUnavailable
 
 log = logging.getLogger("comfy_memx")
 
@@ -287,7 +287,9 @@ class PinBudget:
         with self._lock:
             try:
                 with self._registry.transaction() as entries:
-                    entries.pop(os.getpid(), None)
+                    entries.pop(self._registry.me, None)
+            except RegistryUnavailable as exc:
+                self._unavailable(exc)
             except OSError as exc:
                 internal_error("pinbudget.registry", exc)
             self._reserved = 0
@@ -313,13 +315,17 @@ class PinBudget:
         decision = None
         try:
             with self._registry.transaction() as entries:
-                pid = os.getpid()
-                self._others = sum(size for other, size in entries.items() if other != pid)
+                me = self._registry.me
+                self._others = sum(size for other, size in entries.items() if other != me)
                 decision = self._decide_within(model_id, nbytes, loading, self.cap_bytes - self._others)
                 if decision.granted:
                     wanted = -(-self._committed() // self._chunk) * self._chunk
                     self._reserved = max(self._committed(), min(wanted, self.cap_bytes - self._others))
-                    entries[pid] = self._reserved
+                    entries[me] = self._reserved
+        except RegistryUnavailable as exc:  # never no cap: the in-process cap with the last known shares
+            self._unavailable(exc)
+            if decision is None:
+                decision = self._decide_within(model_id, nbytes, loading, self.cap_bytes - self._others)
         except OSError as exc:  # a vanished runtime dir must not stop pinning: use the last known shares
             internal_error("pinbudget.registry", exc)
             if decision is None:
@@ -407,7 +413,9 @@ class PinBudget:
         try:
             with self._registry.transaction() as entries:
                 self._reserved = -(-self._committed() // self._chunk) * self._chunk
-                entries[os.getpid()] = self._reserved
+                entries[self._registry.me] = self._reserved
+        except RegistryUnavailable as exc:
+            self._unavailable(exc)
         except OSError as exc:
             internal_error("pinbudget.registry", exc)
 
@@ -417,9 +425,19 @@ class PinBudget:
         try:
             with self._registry.transaction() as entries:
                 self._reserved = -(-self._committed() // self._chunk) * self._chunk
-                entries[os.getpid()] = self._reserved
+                entries[self._registry.me] = self._reserved
+        except RegistryUnavailable as exc:
+            self._unavailable(exc)
         except OSError as exc:
             internal_error("pinbudget.registry", exc)
+
+    def _unavailable(self, exc):
+        """The host registry cannot be used safely (``pins.hostshare``): say so once; decisions keep this
+        process's cap minus the other processes' last known shares (never no cap)."""
+        if not self._counters["registry_unavailable"]:
+            log.warning("comfy_memx: the host pin registry cannot be used (%s); this process keeps its own cap of "
+                        "%d bytes minus the %d bytes other processes last held", exc, self.cap_bytes, self._others)
+        self._counters["registry_unavailable"] += 1
 
     def _events_for(self, decision):
         base = {"policy": self.policy, "scope": self.scope}

@@ -76,7 +76,7 @@ class State:
     """
 
     __slots__ = ("mm", "budget", "cap", "limit", "host", "comfyui_max", "gauge", "pins", "legacy", "dynamic",
-                 "records", "pin_owner_of_state", "counter_lock")
+                 "records", "pin_owner_of_state", "counter_lock", "unknown_bytes", "drift", "drift_reported")
 
     def __init__(self, mm, budget, cap, limit, host, comfyui_max, gauge):
         self.mm, self.limit = mm, limit
@@ -87,6 +87,9 @@ class State:
         self.records = {}
         self.pin_owner_of_state = {}
         self.counter_lock = threading.Lock()
+        self.unknown_bytes = 0      # what pins of no known model may hold (granted as UNATTRIBUTED; see reconcile)
+        self.drift = 0              # TOTAL_PINNED_MEMORY above everything pins explain: bytes nobody holds
+        self.drift_reported = False
 
     def add_legacy(self, model_id, delta):
         """Add ``delta`` bytes (negative: unpinned) to ``model_id``'s legacy pins, atomically across threads."""

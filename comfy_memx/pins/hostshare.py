@@ -1,20 +1,34 @@
 """A small file shared by this user's ComfyUI processes on one host: who is alive and what each one holds.
 
-:class:`HostRegistry` keeps one entry per live process, ``{pid: {"bytes": int, "start": ticks, "data": {...}}}``:
-``bytes`` is what the process reserved of a shared resource (the host-scope pin budget uses it for pinned bytes),
-``data`` any small JSON-able facts a process publishes about itself (for instances that hand the GPU to each
-other: device, port, state), ``start`` the process start time that tells a live process from a reused pid.
+:class:`HostRegistry` keeps one entry per live process under a random *instance token* (never the pid: two
+containers that share ``/dev/shm`` can both be pid 1, and pids are reused), ``{token: {"pid", "start", "boot",
+"bytes", "data"}}``: ``bytes`` is what the process reserved of a shared resource (the host-scope pin budget uses it
+for pinned bytes), ``data`` small JSON facts a process publishes about itself (hand-off: device, URL, peer secret),
+``pid``/``start``/``boot`` are informational.
 
-Every access takes an exclusive ``fcntl.flock`` on the file, drops the entries of processes that are gone (dead,
-zombie, or a reused pid whose start time differs) and writes the result back, so a killed process's share is
-reclaimed by the next access of any other.  The file is created with owner-only permissions (0600) and refused
-if another user owns it.  POSIX only (needs ``fcntl``).  Standard library only; no Python lock is taken here (the
-file lock is a kernel lock, released when the descriptor closes).
+Who may touch it.  The file lives in :func:`private_dir`: ``$XDG_RUNTIME_DIR`` when it is a folder of this user that
+nobody else can write, else a folder ``comfy_memx-<uid>`` in ``/dev/shm`` (or the temp folder) created with mode 0700
+by an exclusive ``mkdir`` and then checked with ``lstat`` (a folder, not a link, owned by this uid, no access for
+group or others); the file itself is opened with ``O_NOFOLLOW`` and checked to be a regular file owned by this uid.
+Another user who pre-creates any of it gets :class:`RegistryUnavailable`, never a say in our entries; the pin budget
+then keeps its in-process cap (never no cap).
+
+Who is alive.  Each process holds an exclusive lock on its own file ``comfy_memx-live-<token>.lock`` for as long as
+it lives (the kernel drops it when the process exits, whatever its PID namespace); an entry whose lock can be taken
+is dead and is dropped by the next access.  Entries are validated one by one (``bytes`` a whole number in
+[0, 2**62], ``data`` a small object): an invalid entry is dropped with one warning.  A file that does not parse costs
+one warning and nobody's grant: every write goes to a new file renamed over the old one (never half a file) and to
+a backup (``.bak``); a file that does not parse is copied aside (``.corrupt``) and rebuilt from the backup (or the
+last view this process read), and every process re-asserts its own entry at each access.
+
+Locking: ``filelock`` (a dependency of torch, so present in every ComfyUI environment; ``fcntl.flock`` on POSIX,
+``msvcrt`` on Windows), on ``<file>.lock`` for each read-modify-write, and on the live files.  Without ``filelock``
+the registry is unavailable (:class:`RegistryUnavailable`).  No Python lock is taken here.
 
 API: :meth:`HostRegistry.publish` (register this process: bytes and/or data), :meth:`HostRegistry.peers` (the
 live processes with their bytes and data), :meth:`HostRegistry.withdraw` (leave), and
-:meth:`HostRegistry.transaction` (read-modify-write of the ``{pid: bytes}`` view, for budgets that must decide
-under the file lock).
+:meth:`HostRegistry.transaction` (read-modify-write of the ``{token: bytes}`` view, for budgets that must decide
+under the file lock; this process's key is :attr:`HostRegistry.me`).
 """
 
 import contextlib
@@ -22,14 +36,23 @@ import dataclasses
 import json
 import logging
 import os
-import sys
+import secrets
+import stat
 import tempfile
-
-from comfy_memx.core.errors import ConfigError
+import time
 
 log = logging.getLogger("comfy_memx")
 
 REGISTRY_NAME = "comfy_memx-pins"
+LOCK_TIMEOUT_S = 10.0
+MAX_BYTES = 2 ** 62
+MAX_DATA_CHARS = 4096
+MAX_FILE_BYTES = 1 << 20
+
+
+class RegistryUnavailable(OSError):
+    """The registry cannot be used safely here (another user owns its folder or file, a link, no lock); the message
+    says which path and why.  Callers fall back to what they can decide alone (the in-process pin cap)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,28 +62,40 @@ class Peer:
     pid: int
     bytes: int
     data: dict
+    token: str = dataclasses.field(default="", compare=False)
 
 
 class HostRegistry:
-    """The registry file at ``path`` (default :func:`default_registry_path`); see the module docstring."""
+    """The registry file at ``path`` (default :func:`default_registry_path`); see the module docstring.  Creating
+    one touches no file; the first access may raise :class:`RegistryUnavailable`."""
 
     def __init__(self, path=None):
-        try:
-            import fcntl  # noqa: F401  (checked here so that host scope fails at startup, not on the first pin)
-        except ImportError:
-            raise ConfigError("COMFY_MEMX_PIN_SCOPE=host needs fcntl (Linux or macOS); use process") from None
-        self.path = path or default_registry_path()
+        self._path = path
+        self._last_good = {}     # the records this process last read (restores a corrupt file)
+        self._mine = None        # this process's own record, re-asserted at every access
+        self._warned = set()
+
+    @property
+    def path(self):
+        """The registry file (resolved on first use: the private folder is made then)."""
+        if self._path is None:
+            self._path = default_registry_path()
+        return self._path
+
+    @property
+    def me(self):
+        """This process's key in the registry (its instance token)."""
+        return _identity()["token"]
 
     # -- the public API ---------------------------------------------------------------------------------------
 
     def publish(self, nbytes=None, **data):
         """Register this process (or update its entry): set its reserved ``nbytes`` when given, and merge ``data``
         (JSON-able values; a value of None removes that key) into what it publishes.  Returns its :class:`Peer`."""
-        pid = os.getpid()
         with self._records() as records:
-            record = records.setdefault(pid, {"bytes": 0, "start": _own_start(), "data": {}})
+            record = records.setdefault(self.me, _new_record())
             if nbytes is not None:
-                record["bytes"] = int(nbytes)
+                record["bytes"] = _valid_bytes(nbytes)
             merged = dict(record.get("data") or {})
             for key, value in data.items():
                 if value is None:
@@ -68,40 +103,40 @@ class HostRegistry:
                 else:
                     merged[key] = value
             record["data"] = merged
-            return Peer(pid, record["bytes"], dict(merged))
+            return Peer(record["pid"], record["bytes"], dict(merged), self.me)
 
     def peers(self, include_self=False):
-        """The live processes of the registry as ``{pid: Peer}`` (this process too with ``include_self``)."""
-        own = os.getpid()
+        """The live processes of the registry as ``{token: Peer}`` (this process too with ``include_self``)."""
+        own = self.me
         with self._records() as records:
-            return {pid: Peer(pid, record["bytes"], dict(record.get("data") or {}))
-                    for pid, record in records.items() if include_self or pid != own}
+            return {token: Peer(record["pid"], record["bytes"], dict(record.get("data") or {}), token)
+                    for token, record in records.items() if include_self or token != own}
 
     def withdraw(self):
         """Remove this process's entry (its reserved bytes go back to the others)."""
+        self._mine = None
         with self._records() as records:
-            records.pop(os.getpid(), None)
+            records.pop(self.me, None)
+        self._mine = None
 
     @contextlib.contextmanager
     def transaction(self):
-        """Lock the file and yield its live entries as a dict ``{pid: bytes}``; changes are written back on exit
-        (a pid added here gets an empty ``data``; a pid removed here leaves the registry)."""
-        own = os.getpid()
+        """Lock the file and yield its live entries as a dict ``{token: bytes}``; changes are written back on exit
+        (a key added here gets an empty ``data``; a key removed here leaves the registry)."""
         with self._records() as records:
-            entries = {pid: record["bytes"] for pid, record in records.items()}
+            entries = {token: record["bytes"] for token, record in records.items()}
             yield entries
-            for pid in set(records) - set(entries):
-                del records[pid]
-            for pid, size in entries.items():
-                record = records.get(pid)
+            for token in set(records) - set(entries):
+                del records[token]
+            for token, size in entries.items():
+                record = records.get(token)
                 if record is None:
-                    records[pid] = {"bytes": int(size), "start": _own_start() if pid == own else _process_start(pid),
-                                    "data": {}}
-                elif record["bytes"] != size:
-                    record["bytes"] = int(size)
+                    record = records[token] = _new_record() if token == self.me else {
+                        "pid": 0, "start": None, "boot": None, "bytes": 0, "data": {}}
+                record["bytes"] = _valid_bytes(size)
 
     def entries(self):
-        """Return the live entries ``{pid: bytes}`` (dropping dead ones from the file)."""
+        """Return the live entries ``{token: bytes}`` (dropping dead ones from the file)."""
         with self.transaction() as entries:
             return dict(entries)
 
@@ -109,57 +144,278 @@ class HostRegistry:
 
     @contextlib.contextmanager
     def _records(self):
-        """Lock the file and yield its live records ``{pid: {"bytes", "start", "data"}}``; written back on exit."""
-        import fcntl
-
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        try:
-            info = os.fstat(fd)
-            if info.st_uid != os.getuid():
-                raise ConfigError("pin registry %s belongs to another user; set XDG_RUNTIME_DIR or "
-                                  "COMFY_MEMX_PIN_SCOPE=process" % self.path)
-            if info.st_mode & 0o077:
-                os.fchmod(fd, 0o600)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            raw = _read_all(fd)
-            records = self._live_records(raw)
+        """Lock the registry and yield its live, valid records ``{token: record}``; written back on exit."""
+        path = self.path
+        _hold_own_liveness(os.path.dirname(path))
+        with _exclusive(path + ".lock"):
+            raw = _read_private(path)
+            records = self._live_records(raw, path)
+            if self._mine is not None and self.me not in records:
+                records[self.me] = json.loads(json.dumps(self._mine))  # re-assert our own entry
             yield records
-            text = json.dumps({str(pid): _stored(record) for pid, record in sorted(records.items())}).encode()
-            if text != raw.rstrip():
-                # Pad with blanks instead of truncating: ftruncate costs milliseconds on some file systems.
-                os.lseek(fd, 0, os.SEEK_SET)
-                os.write(fd, text.ljust(len(raw)))
-        finally:
-            os.close(fd)  # closing the descriptor releases the flock
+            self._mine = records.get(self.me)
+            self._last_good = json.loads(json.dumps(records))
+            text = json.dumps(records, sort_keys=True).encode()
+            if text != raw:
+                _write_private(path, text)            # whole: written aside, then renamed over
+                _write_private(path + ".bak", text)   # what a corrupted file is rebuilt from
 
-    def _live_records(self, raw):
+    def _parse(self, raw, path):
+        """The records of ``raw``, or None when it does not parse."""
         try:
             loaded = json.loads(raw) if raw.strip() else {}
-            records = {int(pid): {"bytes": int(r["bytes"]), "start": r.get("start"), "data": dict(r.get("data") or {})}
-                       for pid, r in loaded.items()}
-        except (ValueError, TypeError, KeyError, AttributeError):
-            log.warning("comfy_memx: pin registry %s was unreadable; starting it afresh", self.path)
-            return {}
-        return {pid: record for pid, record in records.items() if _alive(pid, record["start"])}
+        except (ValueError, RecursionError, UnicodeDecodeError):
+            return None
+        return loaded if isinstance(loaded, dict) else None
+
+    def _live_records(self, raw, path):
+        loaded = self._parse(raw, path)
+        if loaded is None:
+            backup = self._parse(_read_private(path + ".bak"), path)
+            self._warn_once("corrupt", "comfy_memx: host registry %s does not parse; a copy is in %s.corrupt, and "
+                                       "it is rebuilt from %s.bak (every process also re-asserts its own entry)",
+                            path, path, path)
+            with contextlib.suppress(OSError):
+                _write_private(path + ".corrupt", raw)
+            loaded = backup if backup is not None else self._last_good
+        records = {}
+        for token, record in loaded.items():
+            valid = _validated(token, record)
+            if valid is None:
+                self._warn_once("invalid", "comfy_memx: host registry %s held an invalid entry; it was dropped", path)
+                continue
+            if token == self.me or _alive(os.path.dirname(path), token):
+                records[token] = valid
+        return records
+
+    def _warn_once(self, kind, message, *args):
+        if kind not in self._warned:
+            self._warned.add(kind)
+            log.warning(message, *args)
 
 
-def default_registry_path():
-    """Where the host registry lives: ``$XDG_RUNTIME_DIR`` (per user), else /dev/shm, else the temp directory."""
+def private_dir():
+    """A folder only this user can write: ``$XDG_RUNTIME_DIR`` when it is one, else ``comfy_memx-<uid>`` (0700) in
+    ``/dev/shm`` or the temp folder, made and checked here; raises :class:`RegistryUnavailable` when that folder
+    exists but is not ours alone."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isdir(runtime) and os.access(runtime, os.W_OK):
-        return os.path.join(runtime, REGISTRY_NAME + ".json")
-    uid = os.getuid() if hasattr(os, "getuid") else 0
-    for directory in ("/dev/shm", tempfile.gettempdir()):
-        if os.path.isdir(directory) and os.access(directory, os.W_OK):
-            return os.path.join(directory, "%s-%d.json" % (REGISTRY_NAME, uid))
-    return os.path.join(tempfile.gettempdir(), "%s-%d.json" % (REGISTRY_NAME, uid))
+    if runtime and _is_private(runtime):
+        return runtime
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    name = "comfy_memx-%s" % (uid if uid is not None else _user_name())
+    folder = os.path.join(shared_base(), name)
+    try:
+        os.mkdir(folder, 0o700)  # exclusive: fails on anything already there, links included
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise RegistryUnavailable(exc.errno, "cannot create %s (%s)" % (folder, exc.strerror)) from None
+    info = os.lstat(folder)
+    if not stat.S_ISDIR(info.st_mode):
+        raise RegistryUnavailable(0, "%s is not a folder (a link or file someone else made?)" % folder)
+    if uid is not None:
+        if info.st_uid != uid:
+            raise RegistryUnavailable(0, "%s belongs to uid %d, not to this user (%d)" % (folder, info.st_uid, uid))
+        if info.st_mode & 0o077:
+            os.chmod(folder, 0o700)  # ours (checked above, not a link): close what a loose umask left open
+    return folder
 
 
-def _stored(record):
-    stored = {"bytes": int(record["bytes"]), "start": record.get("start")}
-    if record.get("data"):
-        stored["data"] = record["data"]
-    return stored
+def shared_base():
+    """The world-writable folder in which :func:`private_dir` makes this user's folder: /dev/shm, else the temp
+    folder."""
+    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        return "/dev/shm"
+    return tempfile.gettempdir()
+
+
+def default_registry_path(name=REGISTRY_NAME):
+    """Where the host registry ``name`` lives: ``<private_dir()>/<name>.json``."""
+    return os.path.join(private_dir(), name + ".json")
+
+
+def _is_private(folder):
+    try:
+        info = os.lstat(folder)
+    except OSError:
+        return False
+    if not stat.S_ISDIR(info.st_mode) or not os.access(folder, os.W_OK):
+        return False
+    if hasattr(os, "getuid"):
+        return info.st_uid == os.getuid() and not info.st_mode & 0o022
+    return True
+
+
+def _user_name():
+    try:
+        import getpass
+        return "".join(c for c in getpass.getuser() if c.isalnum()) or "user"
+    except Exception:
+        return "user"
+
+
+def _read_private(path):
+    """The bytes of registry file ``path`` (b"" when it does not exist); :class:`RegistryUnavailable` when it is
+    not a regular file of this user (a link, a FIFO, another user's file) or is too large."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0) \
+        | getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return b""
+    except OSError as exc:
+        raise RegistryUnavailable(exc.errno, "cannot open %s (%s)" % (path, exc.strerror)) from None
+    try:
+        _check_ours(fd, path)
+        return _read_all(fd)
+    finally:
+        os.close(fd)
+
+
+def _check_ours(fd, path):
+    info = os.fstat(fd)
+    problem = None
+    if not stat.S_ISREG(info.st_mode):
+        problem = "is not a regular file"
+    elif hasattr(os, "getuid") and info.st_uid != os.getuid():
+        problem = "belongs to uid %d, not to this user" % info.st_uid
+    elif info.st_size > MAX_FILE_BYTES:
+        problem = "is larger than %d bytes" % MAX_FILE_BYTES
+    elif hasattr(os, "getuid") and info.st_mode & 0o077:
+        problem = "is readable or writable by others (mode %o)" % stat.S_IMODE(info.st_mode)
+    if problem is not None:
+        raise RegistryUnavailable(0, "host registry %s %s" % (path, problem))
+
+
+def _write_private(path, data):
+    """Write ``data`` to ``path`` whole: into a new 0600 file beside it (``O_EXCL``, no link followed), then renamed
+    over ``path``, so a reader never sees half of it."""
+    temporary = "%s.%s.tmp" % (path, secrets.token_hex(4))
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | \
+        getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(temporary, flags, 0o600)
+    except OSError as exc:
+        raise RegistryUnavailable(exc.errno, "cannot write %s (%s)" % (path, exc.strerror)) from None
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError as exc:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise RegistryUnavailable(exc.errno, "cannot write %s (%s)" % (path, exc.strerror)) from None
+    os.close(fd)
+    os.replace(temporary, path)
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path, timeout=LOCK_TIMEOUT_S):
+    lock = _file_lock(lock_path, timeout)
+    try:
+        lock.acquire()
+    except Exception as exc:  # filelock.Timeout or an OSError
+        raise RegistryUnavailable(0, "cannot lock %s (%s)" % (lock_path, exc)) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _file_lock(lock_path, timeout):
+    try:
+        import filelock
+    except ImportError:
+        raise RegistryUnavailable(0, "the host registry needs the filelock package (a dependency of torch)") from None
+    try:
+        return filelock.FileLock(lock_path, timeout=timeout, mode=0o600, thread_local=False,
+                                 preserve_lock_file=True)
+    except TypeError:  # an older filelock
+        return filelock.FileLock(lock_path, timeout=timeout)
+
+
+_identities = {}   # pid -> {"token", "pid", "start", "boot"}; keyed by pid so a forked child gets its own
+_live_locks = {}   # (pid, folder) -> the held lock of this process's live file
+
+
+def _identity():
+    pid = os.getpid()
+    identity = _identities.get(pid)
+    if identity is None:
+        identity = _identities[pid] = {"token": secrets.token_hex(16), "pid": pid, "start": _process_start(pid),
+                                       "boot": _boot_id()}
+    return identity
+
+
+def _new_record():
+    identity = _identity()
+    return {"pid": identity["pid"], "start": identity["start"], "boot": identity["boot"], "bytes": 0, "data": {},
+            "since": round(time.time(), 3)}
+
+
+def _live_path(folder, token):
+    return os.path.join(folder, "comfy_memx-live-%s.lock" % token)
+
+
+def _hold_own_liveness(folder):
+    key = (os.getpid(), folder)
+    if key in _live_locks:
+        return
+    lock = _file_lock(_live_path(folder, _identity()["token"]), 0)
+    try:
+        lock.acquire()
+    except Exception as exc:
+        raise RegistryUnavailable(0, "cannot hold the live file in %s (%s)" % (folder, exc)) from None
+    _live_locks[key] = lock
+
+
+def _alive(folder, token):
+    """True while the process of ``token`` holds its live file (a lock taken here means it is gone)."""
+    path = _live_path(folder, token)
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True   # cannot tell: keep its share (the safe side of a cap)
+    if not stat.S_ISREG(info.st_mode):
+        return True
+    lock = _file_lock(path, 0)
+    try:
+        lock.acquire()
+    except Exception:
+        return True
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    finally:
+        lock.release()
+    return False
+
+
+def _validated(token, record):
+    """``record`` as a clean record, or None when it is not a valid entry."""
+    if not isinstance(token, str) or not 8 <= len(token) <= 64 or not all(c in "0123456789abcdef" for c in token):
+        return None
+    if not isinstance(record, dict):
+        return None
+    size, pid, data = record.get("bytes"), record.get("pid", 0), record.get("data") or {}
+    if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_BYTES:
+        return None
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid < 0:
+        return None
+    if not isinstance(data, dict) or len(json.dumps(data)) > MAX_DATA_CHARS:
+        return None
+    return {"pid": pid, "start": record.get("start") if isinstance(record.get("start"), (str, int)) else None,
+            "boot": record.get("boot") if isinstance(record.get("boot"), str) else None, "bytes": size,
+            "data": data, "since": record.get("since") if isinstance(record.get("since"), (int, float)) else None}
+
+
+def _valid_bytes(nbytes):
+    value = int(nbytes)
+    return min(max(0, value), MAX_BYTES)
 
 
 def _read_all(fd):
@@ -172,49 +428,20 @@ def _read_all(fd):
         chunks.append(chunk)
 
 
-def _alive(pid, start):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return False
-    if sys.platform.startswith("linux"):
-        state_and_start = _proc_stat(pid)
-        if state_and_start is None:
-            return False
-        state, started = state_and_start
-        if state in ("Z", "X"):
-            return False
-        return start is None or start == started
-    return True
-
-
-def _proc_stat(pid):
-    """(state, start time in clock ticks) from /proc/<pid>/stat, or None when the process is gone."""
+def _process_start(pid):
+    """The start time of ``pid`` in clock ticks since boot (Linux), else None."""
     try:
         with open("/proc/%d/stat" % pid, "rb") as f:
             text = f.read().decode("ascii", "replace")
     except OSError:
         return None
     fields = text[text.rfind(")") + 2:].split()
-    return fields[0], fields[19]
+    return fields[19] if len(fields) > 19 else None
 
 
-def _process_start(pid):
-    if sys.platform.startswith("linux"):
-        stat = _proc_stat(pid)
-        return stat[1] if stat else None
-    return None
-
-
-_own_start_cache = {}
-
-
-def _own_start():
-    pid = os.getpid()  # keyed by pid: a forked child must not reuse its parent's start time
-    if pid not in _own_start_cache:
-        _own_start_cache[pid] = _process_start(pid)
-    return _own_start_cache[pid]
+def _boot_id():
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return None

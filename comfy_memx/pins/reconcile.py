@@ -11,7 +11,12 @@ soon as ComfyUI evicts something else during the same call), comfy_memx reads Co
   (:func:`~comfy_memx.pins.layout.model_registered_bytes`), which ComfyUI keeps in step with the total on every
   path;
 * what no known model explains (dynamic pins of a model comfy_memx never saw, pins made before it started):
-  ``TOTAL_PINNED_MEMORY`` minus the above, under ``UNATTRIBUTED``.
+  ``TOTAL_PINNED_MEMORY`` minus the above, under ``UNATTRIBUTED``, but only up to what such pins can hold: the
+  legacy pins of no known model plus the bytes granted to pins of no known model (``State.unknown_bytes``, which
+  shrinks with the leftover as they are released);
+* the rest is *drift* of ComfyUI's counter (an update lost, a pin freed without it): bytes nobody holds.  It is
+  logged once with the amount and kept in ``State.drift``, never booked in the budget, so it protects nothing and
+  refuses no pin.
 
 :func:`settle_all` sets every record to that (the budget adds the grants still in flight), so after it the budget's
 bytes minus those in flight equal ``TOTAL_PINNED_MEMORY``.  It costs one dict walk per model with pins.
@@ -60,7 +65,13 @@ def settle_all(state):
             changes[model_id] = change
     total = _total(state.mm)
     leftover = state.legacy.get(UNATTRIBUTED, 0)
-    actual = leftover + max(0, total - explained - leftover)
+    unexplained = max(0, total - explained - leftover)
+    held = min(unexplained, state.unknown_bytes)
+    _pinned, in_flight = call(budget.totals)
+    # Released unknown pins shrink what unknown pins may hold (grants still in flight may not be registered yet).
+    state.unknown_bytes = min(state.unknown_bytes, unexplained + in_flight)
+    _note_drift(state, unexplained - held, total)
+    actual = leftover + held
     change = call(budget.settle, UNATTRIBUTED, actual)
     if change:
         changes[UNATTRIBUTED] = change
@@ -68,17 +79,35 @@ def settle_all(state):
 
 
 def sync(state):
-    """Settle the budget when ComfyUI's ``TOTAL_PINNED_MEMORY`` differs from it (cheap when it does not)."""
+    """Settle the budget when ComfyUI's ``TOTAL_PINNED_MEMORY`` differs from it and the known drift (cheap when it
+    does not)."""
     pinned, in_flight = call(state.budget.totals)
-    if pinned - in_flight != _total(state.mm):
+    if pinned - in_flight + state.drift != _total(state.mm):
         return settle_all(state)
     return {}
+
+
+def note_unknown(state, nbytes):
+    """A pin of no known model was granted ``nbytes``: that much of the unexplained total may be really held."""
+    state.unknown_bytes += max(0, int(nbytes))
+
+
+def _note_drift(state, drift, total):
+    state.drift = drift
+    if drift > 0 and not state.drift_reported:
+        state.drift_reported = True
+        from comfy_memx.core.units import format_bytes
+        log.warning("comfy_memx: ComfyUI's TOTAL_PINNED_MEMORY (%s) is %s above what its registered pins explain; "
+                    "that drift is not counted against the pin cap (no pin holds it; logged once)",
+                    format_bytes(total), format_bytes(drift))
 
 
 def seed_preexisting(state):
     """At start: count the pins ComfyUI made before comfy_memx took over (late activation), so the cap covers them;
     legacy ones under PREEXISTING, dynamic ones under UNATTRIBUTED."""
     preexisting = sum(getattr(state.mm, "PINNED_MEMORY", {}).values())
+    # Dynamic pins made before comfy_memx took over are held by models it never saw: they may be real.
+    state.unknown_bytes += max(0, _total(state.mm) - preexisting)
     if preexisting > 0:
         state.add_legacy(PREEXISTING, preexisting)
         if call(state.budget.request, PREEXISTING, preexisting, (PREEXISTING,)).refused:

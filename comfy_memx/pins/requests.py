@@ -194,6 +194,8 @@ def _request(state, model_id, nbytes, spare_active=False):
             STATE.events.emit("pin_refused", model=describe(model_id), model_id=model_id, bytes=nbytes,
                               reason="eviction_failed", policy=state.budget.policy, scope=state.budget.scope)
             return REFUSED
+    if model_id == UNATTRIBUTED:
+        reconcile.note_unknown(state, nbytes)
     return Grant(model_id, nbytes)
 
 

@@ -9,11 +9,18 @@ and then unloads through its own prompt worker, exactly as ``/memx/free`` does. 
 ``COMFY_MEMX_HANDOFF_WAIT`` seconds in all, and both sides write a ``handoff`` event: who asked, who gave, the bytes
 asked and freed.  ``POST /memx/handoff/request?bytes=N`` asks the peers by hand (the same path, for operators and
 tests); on CPU-only machines (``--cpu``) nothing asks automatically, since there is no device memory to share.
+
+Who belongs: the registry of a group (``COMFY_MEMX_HANDOFF_GROUP``, default ``default``) is a file of its own in
+this user's private folder (``pins.hostshare.private_dir``), so only this user's instances of the same group find
+each other.  Each instance publishes a random peer secret there, and answers ``POST /memx/handoff`` only when the
+caller sends that secret back (``X-Memx-Peer``, checked by ``surface.access``): being able to read the registry is
+the proof of membership.  A refusal never says this instance's device.
 """
 
 import json
 import logging
 import os
+import secrets
 import sys
 import time
 import urllib.error
@@ -34,6 +41,7 @@ class Handoff:
         self.registry = None
         self.device = None
         self.url = None
+        self.secret = None   # what a peer must send in X-Memx-Peer (random per process, published in the registry)
 
     def close(self):
         """Leave the registry (reset of the process state, shutdown)."""
@@ -51,9 +59,10 @@ def part():
 
 
 def registry_path():
-    """The registry file of the instances of this user on this host (next to the pin registry)."""
+    """The registry file of this user's instances of the hand-off group ``COMFY_MEMX_HANDOFF_GROUP`` on this host
+    (in the private folder of the pin registry)."""
     from comfy_memx.pins.hostshare import default_registry_path
-    return default_registry_path().replace("comfy_memx-pins", REGISTRY_NAME)
+    return default_registry_path(f"{REGISTRY_NAME}-{STATE.config.handoff_group}")
 
 
 def start(port):
@@ -65,9 +74,10 @@ def start(port):
     handoff.registry = HostRegistry(registry_path())
     handoff.device = device_identity(sys.modules.get("comfy.model_management"))
     handoff.url = f"http://127.0.0.1:{int(port)}"
-    handoff.registry.publish(device=handoff.device, url=handoff.url)
-    log.info("comfy_memx: GPU hand-off on: this instance (%s, device %s) is registered in %s", handoff.url,
-             handoff.device, handoff.registry.path)
+    handoff.secret = secrets.token_urlsafe(24)
+    handoff.registry.publish(device=handoff.device, url=handoff.url, secret=handoff.secret)
+    log.info("comfy_memx: GPU hand-off on: this instance (%s, device %s, group %s) is registered in %s", handoff.url,
+             handoff.device, STATE.config.handoff_group, handoff.registry.path)
     return handoff
 
 
@@ -116,14 +126,15 @@ def ask_peers(nbytes, reason="request"):
     givers, asked = [], []
     freed = 0
     peers = handoff.registry.peers() if handoff.registry is not None else {}
-    for pid, peer in sorted(peers.items()):
+    for _key, peer in sorted(peers.items(), key=lambda item: (item[1].pid, str(item[0]))):
         if peer.data.get("device") != handoff.device or not peer.data.get("url"):
             continue
         left = deadline - time.monotonic()
         if left <= 0 or freed >= nbytes:
             break
+        pid = peer.pid
         answer = _ask(peer.data["url"], {"bytes": nbytes - freed, "from": os.getpid(), "device": handoff.device,
-                                         "timeout": left}, left)
+                                         "timeout": left}, left, secret=peer.data.get("secret"))
         asked.append({"pid": pid, "status": answer.get("status")})
         if answer.get("status") == "done":
             freed += int(answer.get("freed_bytes") or 0)
@@ -135,9 +146,12 @@ def ask_peers(nbytes, reason="request"):
         "role": "requester", "asked_bytes": nbytes, "freed_bytes": freed, "peers_asked": asked, "givers": givers}
 
 
-def _ask(url, body, timeout):
+def _ask(url, body, timeout, secret=None):
+    from comfy_memx.surface.access import PEER_HEADER
+    if not url.startswith(("http://127.0.0.1:", "http://[::1]:", "http://localhost:")):
+        return {"status": "refused", "error": "peers are asked on loopback only"}
     request = urllib.request.Request(url + "/memx/handoff", data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", PEER_HEADER: secret or ""})
     try:
         with urllib.request.urlopen(request, timeout=max(0.5, timeout)) as response:
             return json.loads(response.read() or b"{}")
@@ -158,23 +172,29 @@ def give(queue, body):
     if handoff.registry is None:
         return 409, {"status": "off", "message": "COMFY_MEMX_HANDOFF is not host on this instance"}
     if body.get("device") != handoff.device:
-        return 409, {"status": "other_device", "device": handoff.device}
+        return 409, {"status": "other_device", "message": "this instance computes on another device"}
     if activity.queue_busy(queue) or activity.activity().running:
         return 409, {"status": "busy", "message": "a prompt is running or waiting; it is never interrupted"}
     timeout = max(0.5, min(float(body.get("timeout") or STATE.config.handoff_wait), STATE.config.handoff_wait))
+    # body: checked by the route (surface.bodies): bytes/from whole numbers, device a string, timeout finite
     origin = {"kind": "comfy_memx", "via": "handoff", "peer": body.get("from")}
     receipt = idle.unload_now(queue, origin, timeout=timeout)
     answer = {"status": receipt["status"] if receipt["worker"] != "withdrawn" else "busy",
               "freed_bytes": receipt["freed_bytes"], "freed": [row["model_id"] for row in receipt["freed"]]}
-    STATE.events.emit("handoff", role="giver", to=body.get("from"), device=handoff.device,
+    STATE.events.emit_request("handoff", role="giver", to=body.get("from"), device=handoff.device,
                       asked_bytes=body.get("bytes"), **answer)
     return 200, answer
 
 
 def start_safely(port):
     """:func:`start`, logging instead of raising (the registry file may be unusable)."""
+    from comfy_memx.pins.hostshare import RegistryUnavailable
     try:
         return start(port)
+    except RegistryUnavailable as exc:  # another user's folder or file, a link: not a bug of ours
+        log.warning("comfy_memx: GPU hand-off is off: its registry cannot be used safely (%s)", exc)
+        part().registry = part().secret = None
+        return None
     except Exception as exc:
         internal_error("GPU hand-off registry", exc)
         return None

@@ -41,6 +41,7 @@ from comfy_memx.surface import readmodel, retention
 from comfy_memx.surface.readmodel import still_loaded
 
 MAX_SEARCHED = 8  # survivors per request that get a holder search (each bounded by COMFY_MEMX_LEAK_BUDGET)
+RECEIPT_WAIT_S = 0.5  # how long a receipt waits for another search to end; then its survivors say "busy"
 FLAGS = ("unload_models", "free_memory")
 
 
@@ -321,8 +322,8 @@ def _requested_by(reason):
         return None
     http = [request.origin for request in run.requests if request.origin.get("kind") == "http"]
     if http:
-        return {"kind": "http", "route": http[0].get("route"),
-                "clients": sorted({origin["client"] for origin in http if origin.get("client")})}
+        return {"kind": "http", "route": http[0].get("route"),  # no addresses: /memx/models shows this to anyone
+                "clients": len({origin.get("client") for origin in http})}
     return dict(run.requests[0].origin)
 
 
@@ -360,7 +361,8 @@ def prompt_running(prompt_queue):
 # -- the receipt -----------------------------------------------------------------------------------------------------
 
 def receipt(request, model_management=None, search_holders=True, trim=False):
-    """The receipt of ``request``: freed, still_loaded, survivors (with holder chains when ``search_holders``).
+    """The receipt of ``request``: freed, still_loaded, survivors (with holder chains when ``search_holders`` is
+    True; a string instead says why they were not searched).
 
     Survivors are taken among the models alive when the request began, plus every leaked model.  When the run that
     served the request reset ComfyUI's caches (``free_memory``, ours or another client's in the same run), any of
@@ -375,18 +377,11 @@ def receipt(request, model_management=None, search_holders=True, trim=False):
     loaded_ids = {row["model_id"] for row in loaded}
     freed = _freed(request)
     survivors = _survivors(request, loaded_ids)
-    if search_holders:
-        for survivor, record in survivors[:MAX_SEARCHED]:
-            try:
-                survivor.update(leakwatch.search_now(record, ignore=[request, survivors]))
-            except Exception as exc:  # a failed search leaves the survivor listed, with the error
-                survivor["search"] = {"error": f"{type(exc).__name__}: {exc}"}
-                try:
-                    internal_error("holder search for /memx/free", exc)
-                except Exception:
-                    pass
-        for survivor, _ in survivors[MAX_SEARCHED:]:
-            survivor["search"] = {"note": f"not searched: only {MAX_SEARCHED} survivors are searched per request"}
+    if search_holders is True:
+        _search_survivors(request, survivors)
+    elif search_holders:  # a reason why they are not searched
+        for survivor, _ in survivors:
+            survivor["search"] = {"note": str(search_holders)}
     for survivor, record in survivors:
         survivor["leak"] = leakwatch.public_state(record.leak)
     rows = [survivor for survivor, _ in survivors]
@@ -404,6 +399,30 @@ def receipt(request, model_management=None, search_holders=True, trim=False):
             "survivor_bytes": sum(row["bytes"] for row in rows), "memory": memory}
 
 
+def _search_survivors(request, survivors):
+    """Search the holders of the first :data:`MAX_SEARCHED` survivors through the search gate (one search at a time
+    in the process, within ``COMFY_MEMX_SEARCH_CPU``); once the gate refuses, the rest say why."""
+    from comfy_memx.surface import gate
+    refused = None
+    for survivor, record in survivors[:MAX_SEARCHED]:
+        if refused is not None:
+            survivor["search"] = refused
+            continue
+        try:
+            survivor.update(gate.gate().search(record, ignore=[request, survivors], wait_s=RECEIPT_WAIT_S))
+        except gate.Busy as busy:
+            refused = {"note": f"not searched: {busy.why.replace('_', ' ')}", "retry_after": busy.retry_after}
+            survivor["search"] = refused
+        except Exception as exc:  # a failed search leaves the survivor listed, with the error
+            survivor["search"] = {"error": f"{type(exc).__name__}: {exc}"}
+            try:
+                internal_error("holder search for /memx/free", exc)
+            except Exception:
+                pass
+    for survivor, _ in survivors[MAX_SEARCHED:]:
+        survivor["search"] = {"note": f"not searched: only {MAX_SEARCHED} survivors are searched per request"}
+
+
 def _memory(request, trim):
     memory = {"rss_before": request.rss_before, "rss_after": retention.rss_bytes()}
     if trim:
@@ -416,9 +435,10 @@ def _memory(request, trim):
 
 
 def record_free(request, receipt_data):
-    """Write the ``free`` event of a finished request: what was freed, survivors, and the memory figures."""
+    """Write the ``free`` event of a finished request: what was freed, survivors, and the memory figures (an event
+    caused by a request: rate-limited by ``COMFY_MEMX_EVENT_RATE``).  Blocking file I/O: never on the event loop."""
     run = request.run
-    STATE.events.emit("free", status=receipt_data["status"], origin=request.origin,
+    STATE.events.emit_request("free", status=receipt_data["status"], origin=request.origin,
                       request=receipt_data["request"], run=receipt_data["run"],
                       freed=len(receipt_data["freed"]), freed_bytes=receipt_data["freed_bytes"],
                       released_bytes=receipt_data["released_bytes"], survivors=len(receipt_data["survivors"]),

@@ -7,13 +7,19 @@ route                  method  answer
 ``/memx/free``         POST    ComfyUI's ``/free`` body; waits for the prompt worker, then the receipt (200), or
                                what is known when ``?timeout=`` seconds (default 60) passed first (202)
 ``/memx/models/{id}/   POST    a strict holder search of one live model now (bounded by COMFY_MEMX_LEAK_BUDGET);
-search``                       404 for an unknown model_id
+search``                       404 for an unknown model_id; guarded; 429 + Retry-After when another search runs or
+                               the CPU budget is spent (``surface.gate``)
+``/memx/handoff``      POST    a peer of the group asks this instance to unload (peer secret only)
+``/memx/handoff/       POST    ask the idle peers to unload ``?bytes=N`` (guarded, one at a time)
+request``
 ``/metrics``           GET     Prometheus text (``surface.metrics``); only when no other extension serves it
 ``/memx/metrics``      GET     the same, always
 =====================  ======  ==================================================================================
 
-ComfyUI also serves each of them under ``/api``.  Apart from the two POSTs they only read state; none accepts a
-file path; answers hold names and numbers, never tensors (``readmodel.clip``: strings cut to 300 characters,
+ComfyUI also serves each of them under ``/api``.  Who may call the POSTs is ``surface.access``'s decision (guarded:
+loopback or the token); their bodies are read by ``surface.bodies`` (bounded, typed: 400/413, never 500); the reads
+run on ``gate.reads()``, everything that can take long on ``gate.work()``.  Apart from the POSTs they only read
+state; none accepts a file path; answers hold names and numbers, never tensors (``readmodel.clip``: strings cut to 300 characters,
 objects that are not JSON values shown as ``<TypeName>``, never through their ``repr``).  A failing handler answers
 an error JSON (``{"error", "message"}``) and the server keeps serving.  aiohttp is imported by :func:`register`
 only.
@@ -27,9 +33,9 @@ import math
 from comfy_memx.core import registry
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.state import STATE
-from comfy_memx.leaks import watch as leakwatch
 from comfy_memx.sharing import handoff
-from comfy_memx.surface import freeing, metrics, readmodel
+from comfy_memx.surface import access, bodies, freeing, gate, metrics, readmodel
+from comfy_memx.surface.bodies import Field
 
 log = logging.getLogger("comfy_memx")
 
@@ -43,11 +49,12 @@ _REGISTERED = "_comfy_memx_routes"
 
 
 class HttpError(Exception):
-    """A request the route refuses: ``status`` and a message for the error JSON."""
+    """A request the route refuses: ``status`` and a message for the error JSON (``retry_after``: seconds, sent as
+    the ``Retry-After`` header of a 429)."""
 
-    def __init__(self, status, kind, message):
+    def __init__(self, status, kind, message, retry_after=None):
         super().__init__(message)
-        self.status, self.kind = status, kind
+        self.status, self.kind, self.retry_after = status, kind, retry_after
 
 
 def can_observe_worker():
@@ -58,25 +65,36 @@ def can_observe_worker():
 
 # -- the handlers --------------------------------------------------------------------------------------------------
 
+FREE_FIELDS = {"unload_models": Field("bool"), "free_memory": Field("bool")}
+GIVE_FIELDS = {"bytes": Field("int", 0, 2 ** 62), "from": Field("int", 0, 2 ** 62), "device": Field("str"),
+               "timeout": Field("number", 0, MAX_TIMEOUT_S)}
+NOT_SEARCHED = "not searched: holder searches are allowed from loopback or with COMFY_MEMX_TOKEN (README, Security)"
+
+
 class Handlers:
     """The route handlers of one PromptServer (they need its ``prompt_queue``)."""
 
     def __init__(self, server):
         self.server = server
+        self.asking = False  # one /memx/handoff/request at a time
 
     async def models(self, request):
-        """GET /memx/models."""
+        """GET /memx/models (rows built and serialized on the reads executor: the event loop only sends bytes)."""
+        from aiohttp import web
         loop = asyncio.get_running_loop()
-        rows = await loop.run_in_executor(None, readmodel.model_rows)
-        return _json(rows)
+        body = await loop.run_in_executor(gate.reads(), _models_body)
+        return web.Response(body=body, content_type="application/json")
 
     async def free(self, request):
-        """POST /memx/free: set ComfyUI's free flags, wait for the worker run that reads them, answer the receipt."""
-        body = await _free_body(request)
+        """POST /memx/free: set ComfyUI's free flags, wait for the worker run that reads them, answer the receipt.
+        Open to every caller, as ComfyUI's own ``/free`` is; the survivors' holder searches only for the guarded
+        callers (``surface.access``)."""
+        body = await bodies.read_object(request, FREE_FIELDS, empty=FREE_ALL)
         timeout = _timeout(request)
-        unload_models, free_memory = bool(body.get("unload_models", False)), bool(body.get("free_memory", False))
+        unload_models, free_memory = body.get("unload_models", False), body.get("free_memory", False)
         if not (unload_models or free_memory):
             raise HttpError(400, "nothing_to_free", 'set "unload_models" and/or "free_memory" to true')
+        allowed, _how = access.check(request)
         queue = self.server.prompt_queue
         observable = can_observe_worker()
         running = freeing.prompt_running(queue)
@@ -87,8 +105,8 @@ class Handlers:
         finally:
             freeing.end(ticket)
         loop = asyncio.get_running_loop()
-        receipt = await loop.run_in_executor(None, freeing.receipt, ticket, None, done, done)
-        freeing.record_free(ticket, receipt)
+        receipt = await loop.run_in_executor(gate.work(), _finish_free, ticket, done,
+                                             done and (True if allowed else NOT_SEARCHED))
         receipt["prompt_running_at_request"] = running
         if not observable:
             receipt["note"] = ("comfy_memx's PromptQueue.get_flags wrapper is off (COMFY_MEMX_DISABLE=execution?), "
@@ -102,32 +120,50 @@ class Handlers:
         return _json(receipt, status=200 if done else 202)
 
     async def search(self, request):
-        """POST /memx/models/{model_id}/search: search the holders of one live model now (bounded)."""
+        """POST /memx/models/{model_id}/search: search the holders of one live model now (guarded, one at a time,
+        within the CPU budget: 429 with Retry-After otherwise)."""
+        _guard(request)
         model_id = request.match_info["model_id"]
+        if len(model_id) > 300:
+            raise HttpError(400, "bad_model_id", "a model_id is at most 300 characters")
         record = next((r for r in STATE.ledger.records() if r.model_id == model_id), None)
         if record is None:
             raise HttpError(404, "unknown_model", f"no live model {model_id!r} (see GET /memx/models)")
         loop = asyncio.get_running_loop()
-        found = await loop.run_in_executor(None, leakwatch.search_now, record)
+        try:
+            gate.gate().refuse_early()
+            found = await loop.run_in_executor(gate.work(), gate.gate().search, record)
+        except gate.Busy as busy:
+            raise HttpError(429, busy.why, _busy_message(busy), retry_after=busy.retry_after) from None
         return _json({"model": record.model, "model_id": model_id, **found})
 
     async def give(self, request):
-        """POST /memx/handoff: a peer on this host asks this instance to unload (answered only when idle)."""
-        body = await _free_body(request)
+        """POST /memx/handoff: a peer of this instance's group asks it to unload (answered only when idle)."""
+        if not access.peer_ok(request, handoff.part().secret):
+            raise HttpError(403, "forbidden", "this route answers only peers of the same hand-off group "
+                                              "(COMFY_MEMX_HANDOFF_GROUP) of this user on this host")
+        body = await bodies.read_object(request, GIVE_FIELDS)
         loop = asyncio.get_running_loop()
-        status, answer = await loop.run_in_executor(None, handoff.give, self.server.prompt_queue, body)
+        status, answer = await loop.run_in_executor(gate.work(), handoff.give, self.server.prompt_queue, body)
         return _json(answer, status=status)
 
     async def ask(self, request):
-        """POST /memx/handoff/request?bytes=N: ask the idle peers on this device to unload N bytes now."""
-        try:
-            nbytes = int(request.query.get("bytes", ""))
-        except ValueError:
-            nbytes = -1
+        """POST /memx/handoff/request?bytes=N: ask the idle peers on this device to unload N bytes now (guarded;
+        one at a time)."""
+        _guard(request)
+        text = request.query.get("bytes", "")
+        nbytes = int(text) if text.isdigit() and len(text) <= 19 else -1
         if nbytes <= 0:
             raise HttpError(400, "bad_bytes", "bytes must be a whole number of bytes > 0")
-        loop = asyncio.get_running_loop()
-        return _json(await loop.run_in_executor(None, handoff.ask_peers, nbytes, "request"))
+        if self.asking:
+            raise HttpError(429, "busy", "a hand-off request is in progress",
+                            retry_after=1 + int(STATE.config.handoff_wait))
+        self.asking = True
+        try:
+            loop = asyncio.get_running_loop()
+            return _json(await loop.run_in_executor(gate.work(), handoff.ask_peers, nbytes, "request"))
+        finally:
+            self.asking = False
 
     async def metrics(self, request):
         """GET /metrics and /memx/metrics: Prometheus text, or 501 without prometheus_client."""
@@ -136,24 +172,35 @@ class Handlers:
         if installed is None:
             return _json({"error": "metrics_unavailable", "message": metrics.INSTALL_HINT}, status=501)
         loop = asyncio.get_running_loop()
-        body, content_type = await loop.run_in_executor(None, installed.exposition)
+        body, content_type = await loop.run_in_executor(gate.reads(), installed.exposition)
         response = web.Response(body=body)
         response.headers["Content-Type"] = content_type
         return response
 
 
-async def _free_body(request):
-    raw = await request.read()
-    if not raw.strip():
-        return dict(FREE_ALL)
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        raise HttpError(400, "bad_json", "the body is not JSON; send ComfyUI's /free body, e.g. "
-                        '{"unload_models": true, "free_memory": true}') from None
-    if not isinstance(body, dict):
-        raise HttpError(400, "bad_body", "the body must be a JSON object")
-    return body or dict(FREE_ALL)  # {} is an empty body too
+def _models_body():
+    return json.dumps(readmodel.clip(readmodel.model_rows())).encode("utf-8")
+
+
+def _guard(request):
+    allowed, _how = access.check(request)
+    if not allowed:
+        raise HttpError(403, "forbidden", access.refusal())
+
+
+def _busy_message(busy):
+    if busy.why == "cpu_budget":
+        return (f"holder searches used their CPU budget (COMFY_MEMX_SEARCH_CPU={STATE.config.search_cpu:g} s per "
+                f"minute); retry in {busy.retry_after} s")
+    return f"another holder search is running; retry in {busy.retry_after} s"
+
+
+def _finish_free(ticket, done, search_holders):
+    """The receipt and the ``free`` event of a finished wait (blocking: runs on the work executor, never on the
+    event loop)."""
+    receipt = freeing.receipt(ticket, None, search_holders, done)
+    freeing.record_free(ticket, receipt)
+    return receipt
 
 
 def _timeout(request):
@@ -208,6 +255,11 @@ def _guarded(name, handler):
         try:
             return await handler(request)
         except HttpError as exc:
+            response = _json({"error": exc.kind, "message": str(exc)}, status=exc.status)
+            if exc.retry_after is not None:
+                response.headers["Retry-After"] = str(int(exc.retry_after))
+            return response
+        except bodies.BadBody as exc:
             return _json({"error": exc.kind, "message": str(exc)}, status=exc.status)
         except Exception as exc:
             try:
@@ -245,6 +297,8 @@ def register(server):
     if served is not None:
         return served
     handlers = Handlers(server)
+    from comfy_memx.core import events
+    events.avoid_loop(getattr(server, "loop", None))   # no events-file I/O on ComfyUI's server loop
     routes = server.routes
     routes.get("/memx/models")(_guarded("/memx/models", handlers.models))
     routes.post("/memx/free")(_guarded("/memx/free", handlers.free))

@@ -586,7 +586,8 @@ def unpin_memory(tensor):
         logging.warning("Unpin error.")
         discard_cuda_async_error()
         return False
-    TOTAL_PINNED_MEMORY -= PINNED_MEMORY.pop(address)
+    size = PINNED_MEMORY.pop(address)  # COMFY: popped into a local first, as ComfyUI does (one atomic step each)
+    TOTAL_PINNED_MEMORY -= size
     return True
 
 

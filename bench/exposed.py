@@ -1,0 +1,288 @@
+"""The production surface under concurrent traffic (issue 18): ``GET /memx/models`` p99 and prompt latency while
+2,000 mixed requests hit the server, with and without concurrent holder searches.
+
+::
+
+    python bench/exposed.py [--requests 2000] [--clients 8] [--rounds 2] [--busy-s 0.3] [--json OUT]
+
+One stand-in ComfyUI 0.27.0 server (``tests/fake_comfy``, under ``python -m comfy_memx``, ``--cpu``) with two node
+packs: ``leaky_pack`` (its loader keeps leaked models alive, so there is something to search) and a generated pack
+whose ``MemxBusy`` node spins the CPU for ``--busy-s`` seconds in Python (a CPU-bound prompt node, like a sampler
+on the CPU).  A prompt thread runs prompts back to back (loader, sampler, busy node) and times each one; meanwhile
+``--clients`` threads send ``--requests`` requests in all, drawn from a fixed mix:
+
+=======================  ============  ===============
+request                  ``searches``  ``no_searches``
+=======================  ============  ===============
+GET /memx/models         50 %          70 %
+GET /queue (ComfyUI's)   5 %           5 %
+GET /memx/metrics        10 %          10 %
+POST /memx/free?timeout=0 (unload)  15 %   15 %
+POST /memx/models/{id}/search  20 %    (a GET /memx/models instead)
+=======================  ============  ===============
+
+Both variants run in every round, alternating which goes first, on the same server.  Records: per variant the p50
+and p99 of ``GET /memx/models`` (seconds; target p99 <= 0.2 s in ``searches``) next to the p99 of ComfyUI's own
+``GET /queue`` under the same load (what any route of this server answers in) and their per-round ratio, the median and the p90 prompt
+latency, how many searches were answered 200 and 429 (the search gate: one at a time, ``COMFY_MEMX_SEARCH_CPU`` per
+minute), and the ratios ``searches`` / ``no_searches`` of the median and p90 prompt latency per round (target <=
+1.10), each with ``per_round``.  Only ratios mean something on a shared machine.  Standard library only (the
+server runs under this interpreter, which needs the test extras: aiohttp).
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from urllib.parse import quote
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import common  # noqa: E402
+
+CASE = "exposed"
+STAND_IN = os.path.join(ROOT, "tests", "fake_comfy", "v0_27_0", "main.py")
+LEAKY_PACK = os.path.join(ROOT, "tests", "fake_comfy", "packs", "leaky_pack")
+MIX = {"searches": (("models", 50), ("queue", 5), ("metrics", 10), ("free", 15), ("search", 20)),
+       "no_searches": (("models", 70), ("queue", 5), ("metrics", 10), ("free", 15))}
+BUSY_PACK = '''
+import time
+
+
+class MemxBusy:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"seconds": ("FLOAT", {"default": 0.3})}}
+
+    RETURN_TYPES = ("INT",)
+    FUNCTION = "spin"
+    OUTPUT_NODE = True
+
+    def spin(self, seconds):
+        end, n = time.thread_time() + seconds, 0
+        while time.thread_time() < end:   # CPU seconds of this thread: the same work whatever else runs
+            n += 1
+        return (n,)
+
+
+NODE_CLASS_MAPPINGS = {"MemxBusy": MemxBusy}
+'''
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def http(method, url, body=None, timeout=120):
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+class Server:
+    """The stand-in ComfyUI under ``python -m comfy_memx`` on a free loopback port."""
+
+    def __init__(self, folder):
+        nodes = os.path.join(folder, "custom_nodes")
+        shutil.copytree(LEAKY_PACK, os.path.join(nodes, "leaky_pack"))
+        os.makedirs(os.path.join(nodes, "memx_busy"))
+        with open(os.path.join(nodes, "memx_busy", "__init__.py"), "w") as f:
+            f.write(BUSY_PACK)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("COMFY_MEMX")}
+        env.update(FAKE_COMFY_CUSTOM_NODE_DIRS=nodes, PYTHONUNBUFFERED="1", COMFY_MEMX_LEAK_MODE="report",
+                   PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""))
+        self.log = open(os.path.join(folder, "server.log"), "wb")
+        self.process = subprocess.Popen([sys.executable, "-m", "comfy_memx", STAND_IN, "--cpu", "--listen",
+                                         "127.0.0.1", "--port", str(self.port)], stdout=self.log,
+                                        stderr=subprocess.STDOUT, env=env, cwd=folder)
+        for _ in range(1200):
+            try:
+                if http("GET", self.url + "/system_stats", timeout=2)[0] == 200:
+                    return
+            except OSError:
+                pass
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise RuntimeError("the stand-in server did not start; see " + self.log.name)
+
+    def prompt(self, index, busy_s):
+        """Run one prompt and return its seconds (queued to done)."""
+        prompt = {"1": {"class_type": "LeakyLoader", "inputs": {"name": f"m{index % 3}", "tensor_count": 8,
+                                                                "tensor_numel": 4096, "leak": index % 3 == 0}},
+                  "2": {"class_type": "LeakySampler", "inputs": {"model": ["1", 0]}},
+                  "3": {"class_type": "MemxBusy", "inputs": {"seconds": busy_s + index * 1e-9}}}  # never cached
+        started = time.monotonic()
+        status, raw = http("POST", self.url + "/prompt", {"prompt": prompt})
+        assert status == 200, raw
+        prompt_id = json.loads(raw)["prompt_id"]
+        for _ in range(20000):
+            status, raw = http("GET", f"{self.url}/history/{prompt_id}")
+            if prompt_id in json.loads(raw):
+                return time.monotonic() - started
+            time.sleep(0.01)
+        raise RuntimeError(f"prompt {prompt_id} did not finish")
+
+    def stop(self):
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+
+
+def percentile(values, share):
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    return ordered[min(len(ordered) - 1, max(0, int(round(share * (len(ordered) - 1)))))]
+
+
+def one_load(server, variant, requests, clients, busy_s, seed):
+    """Prompts back to back while ``requests`` mixed requests of ``variant`` are sent; returns the timings."""
+    rng = random.Random(seed)
+    kinds = [kind for kind, weight in MIX[variant] for _ in range(weight)]
+    plan = [rng.choice(kinds) for _ in range(requests)]
+    lock = threading.Lock()
+    models_s, queue_s, prompt_s, statuses = [], [], [], {}
+    done = threading.Event()
+
+    def target():
+        status, raw = http("GET", server.url + "/memx/models")
+        rows = json.loads(raw) if status == 200 else []
+        leaked = [row for row in rows if row["state"] == "leaked"] or rows   # a leak lives through the frees
+        return quote(leaked[0]["model_id"], safe="") if leaked else "none"
+
+    model = [target()]
+
+    def client():
+        while True:
+            with lock:
+                if not plan:
+                    return
+                kind = plan.pop()
+            started = time.monotonic()
+            if kind == "models":
+                status, _ = http("GET", server.url + "/memx/models")
+            elif kind == "queue":
+                status, _ = http("GET", server.url + "/queue")
+            elif kind == "metrics":
+                status, _ = http("GET", server.url + "/memx/metrics")
+            elif kind == "free":
+                status, _ = http("POST", server.url + "/memx/free?timeout=0", {"unload_models": True})
+            else:
+                status, _ = http("POST", f"{server.url}/memx/models/{model[0]}/search")
+            elapsed = time.monotonic() - started
+            if kind == "search" and status == 404:
+                model[0] = target()   # freed meanwhile: search a live one next time
+            with lock:
+                statuses[(kind, status)] = statuses.get((kind, status), 0) + 1
+                if kind == "models":
+                    models_s.append(elapsed)
+                elif kind == "queue":
+                    queue_s.append(elapsed)
+
+    def prompts():
+        index = 0
+        while not done.is_set() or index < 2:
+            prompt_s.append(server.prompt(index, busy_s))
+            index += 1
+
+    prompter = threading.Thread(target=prompts)
+    prompter.start()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    done.set()
+    prompter.join()
+    return {"models_s": models_s, "queue_s": queue_s, "prompt_s": prompt_s,
+            "statuses": {f"{kind} {status}": count for (kind, status), count in sorted(statuses.items())}}
+
+
+def run(requests=2000, clients=8, rounds=2, busy_s=0.3):
+    """Measure both variants ``rounds`` times (alternating order) on one server; returns the records."""
+    folder = tempfile.mkdtemp(prefix="memx-exposed-")
+    server = Server(folder)
+    results = {"searches": [], "no_searches": []}
+    try:
+        for index in range(2):  # warm-up: models exist, a leak to search
+            server.prompt(index * 3, 0.01)
+        for round_index in range(rounds):
+            order = ("searches", "no_searches") if round_index % 2 == 0 else ("no_searches", "searches")
+            for variant in order:
+                results[variant].append(one_load(server, variant, requests, clients, busy_s, seed=round_index))
+    finally:
+        server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+    records = []
+    for variant, runs in results.items():
+        p99 = [percentile(r["models_s"], 0.99) for r in runs]
+        p50 = [percentile(r["models_s"], 0.50) for r in runs]
+        labels = {"variant": variant, "requests": requests, "clients": clients}
+        records.append(common.seconds_record(CASE, "models_p50_s", p50, **labels))
+        floor = [percentile(r["queue_s"], 0.99) for r in runs]
+        record = common.seconds_record(CASE, "models_p99_s", p99, **labels)
+        records.append(common.seconds_record(CASE, "comfyui_queue_p99_s", floor, **labels))
+        records.append(common.ratio_record(CASE, "models_p99_over_queue_p99", p99, floor, **labels))
+        if variant == "searches":
+            record["target_max"] = 0.2
+            common.judge(record)
+        records.append(record)
+        records.append(common.seconds_record(CASE, "prompt_median_s", [statistics.median(r["prompt_s"])
+                                                                       for r in runs], **labels))
+        records.append(common.record(CASE, "answers", None, "count", **labels,
+                                     per_round={"statuses": [r["statuses"] for r in runs],
+                                                "prompts": [len(r["prompt_s"]) for r in runs]}))
+    for name, share in (("median", 0.5), ("p90", 0.9)):
+        with_s = [percentile(r["prompt_s"], share) for r in results["searches"]]
+        without = [percentile(r["prompt_s"], share) for r in results["no_searches"]]
+        record = common.ratio_record(CASE, f"prompt_{name}_ratio", with_s, without, busy_s=busy_s)
+        record["target_max"] = 1.10
+        records.append(common.judge(record))
+    return records
+
+
+def main(argv=None):
+    """Entry point: run, print the table, write the JSON records."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--busy-s", type=float, default=0.3)
+    parser.add_argument("--json", metavar="OUT")
+    args = parser.parse_args(argv)
+    records = run(args.requests, args.clients, args.rounds, args.busy_s)
+    print(common.format_table(records))
+    path = args.json or os.path.join(common.RESULTS_DIR, time.strftime("exposed-%Y%m%d-%H%M%S.json"))
+    common.write_json(records, path)
+    print(f"records written to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

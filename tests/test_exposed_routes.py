@@ -1,0 +1,331 @@
+"""Issue 18 on the stand-in server: the guarded routes refuse callers that are neither loopback nor hold the token,
+one holder search at a time (429 with Retry-After), a CPU budget per minute, the read routes on their own executor,
+bodies bounded and type-checked (400/413, never 500), hand-off peers proving their group, and no answer that shows
+client addresses or the device a caller would need to unload someone.
+
+A request relayed by a proxy (``X-Forwarded-For``) stands for a remote caller here; ``test_exposed_netns.py`` sends
+real traffic from a non-loopback address."""
+
+import asyncio
+import json
+import threading
+from urllib.parse import quote
+
+import pytest
+
+from comfy_memx.core.state import STATE
+from comfy_memx.surface import access, gate, readmodel, routes
+from test_routes import leaky, serve
+
+TOKEN = "t0ken-for-the-tests-0123456789"
+REMOTE = {"X-Forwarded-For": "203.0.113.7"}   # documentation address: never contacted, only a header
+
+
+async def leaked_model(comfy):
+    await comfy.run(leaky("a", leak=True))
+    await comfy.run(leaky("b"))
+    _, rows = await comfy.get_json("/memx/models")
+    return quote(next(r["model_id"] for r in rows if r["state"] == "leaked"), safe="")
+
+
+async def post(comfy, path, headers=None, **kwargs):
+    response = await comfy.client.post(path, headers=headers or {}, **kwargs)
+    return response.status, await response.json(), response.headers
+
+
+@pytest.mark.parametrize("token_setting", [None, TOKEN])
+def test_search_from_a_remote_caller_needs_the_token(tmp_path, token_setting):
+    async def scenario(comfy):
+        model_id = await leaked_model(comfy)
+        path = f"/memx/models/{model_id}/search"
+        return {"remote": await post(comfy, path, REMOTE),
+                "wrong": await post(comfy, path, dict(REMOTE, Authorization="Bearer " + "x" * 30)),
+                "bearer": await post(comfy, path, dict(REMOTE, Authorization="Bearer " + TOKEN)),
+                "header": await post(comfy, path, dict(REMOTE, **{"X-Memx-Token": TOKEN})),
+                "loopback": await post(comfy, path)}
+
+    settings = {"token": token_setting} if token_setting else {}
+    answers = serve("0.27.0", tmp_path, scenario, **settings)
+    for name in ("remote", "wrong"):
+        status, body, _ = answers[name]
+        assert status == 403 and body["error"] == "forbidden" and "model" not in body
+    for name in ("bearer", "header"):
+        status, body, _ = answers[name]
+        assert status == (200 if token_setting else 403), (name, body)
+    status, body, _ = answers["loopback"]
+    assert status == 200 and body["holders"] and body["holders"][0]["pattern"] == "class_cache"
+
+
+def test_free_from_a_remote_caller_unloads_but_does_not_search_without_the_token(tmp_path):
+    async def scenario(comfy):
+        await leaked_model(comfy)
+        plain = await post(comfy, "/memx/free", REMOTE, json=routes.FREE_ALL)
+        with_token = await post(comfy, "/memx/free", dict(REMOTE, Authorization="Bearer " + TOKEN),
+                                json=routes.FREE_ALL)
+        return plain, with_token
+
+    (status, receipt, _), (token_status, token_receipt, _) = serve("0.27.0", tmp_path, scenario, token=TOKEN)
+    assert status == 200 and receipt["status"] == "done"
+    [survivor] = receipt["survivors"]
+    assert survivor["holders"] is None and survivor["search"] == {"note": routes.NOT_SEARCHED}
+    assert token_status == 200 and token_receipt["survivors"][0]["holders"]
+
+
+def test_one_search_at_a_time_the_next_gets_429_with_retry_after(tmp_path, monkeypatch):
+    from comfy_memx.leaks import watch
+    release, entered = threading.Event(), threading.Event()
+    real = watch.search_now
+
+    def held_search(record, ignore=(), budget_s=None):
+        entered.set()
+        assert release.wait(30)
+        return real(record, ignore=ignore, budget_s=budget_s)
+    monkeypatch.setattr(gate, "QUEUE_S", 0.05)
+
+    async def scenario(comfy):
+        model_id = await leaked_model(comfy)
+        monkeypatch.setattr(watch, "search_now", held_search)
+        path = f"/memx/models/{model_id}/search"
+        first = asyncio.ensure_future(post(comfy, path))
+        await asyncio.get_running_loop().run_in_executor(None, entered.wait, 30)
+        second = await post(comfy, path)
+        reads = await comfy.get_json("/memx/models")           # answers while the search is held
+        release.set()
+        return await first, second, reads
+
+    first, (status, body, headers), (read_status, rows) = serve("0.27.0", tmp_path, scenario)
+    assert first[0] == 200
+    assert status == 429 and body["error"] == "busy" and int(headers["Retry-After"]) >= 1
+    assert read_status == 200 and rows
+
+
+def test_a_spent_cpu_budget_refuses_searches_until_it_frees(tmp_path, monkeypatch):
+    async def scenario(comfy):
+        model_id = await leaked_model(comfy)
+        searches = gate.gate()
+        searches.cpu_left()
+        searches._tokens = 0.0                                     # the bucket is empty
+        refused = await post(comfy, f"/memx/models/{model_id}/search")
+        receipt = await post(comfy, "/memx/free", json=routes.FREE_ALL)
+        searches._tokens = None                                    # full again
+        allowed = await post(comfy, f"/memx/models/{model_id}/search")
+        return refused, receipt, allowed
+
+    (status, body, headers), (_, receipt, _), (allowed_status, _, _) = serve("0.27.0", tmp_path, scenario,
+                                                                             search_cpu=1)
+    assert status == 429 and body["error"] == "cpu_budget" and 1 <= int(headers["Retry-After"]) <= 60
+    assert "COMFY_MEMX_SEARCH_CPU" in body["message"]
+    assert receipt["survivors"][0]["search"]["note"] == "not searched: cpu budget"
+    assert allowed_status == 200
+
+
+def test_read_routes_run_on_their_own_executor(tmp_path, monkeypatch):
+    threads = []
+    real = readmodel.model_rows
+
+    def spy():
+        threads.append(threading.current_thread().name)
+        return real()
+    monkeypatch.setattr(readmodel, "model_rows", spy)
+
+    async def scenario(comfy):
+        await comfy.run(leaky("a"))
+        return await comfy.get_json("/memx/models")
+
+    status, _ = serve("0.27.0", tmp_path, scenario)
+    assert status == 200 and threads and all(name.startswith("comfy_memx-reads") for name in threads)
+
+
+DEEP = b"[" * 100000 + b"]" * 100000
+
+
+@pytest.mark.parametrize("raw,status,kind", [
+    (DEEP, 413, "body_too_large"),
+    (b"[" * 50 + b"]" * 50, 400, "too_deep"),
+    (b'{"a":' * 20 + b"1" + b"}" * 20, 400, "too_deep"),
+    (b"{" + b" " * 20000 + b"}", 413, "body_too_large"),
+    (b"[1]", 400, "bad_body"),
+    (b'{"unload_models": "yes"}', 400, "bad_field"),
+    (b'{"unload_models": 1}', 400, "bad_field"),
+    (b'{"free_memory": NaN}', 400, "bad_json"),
+    (b'{"free_memory": Infinity}', 400, "bad_json"),
+    (b'{"free_memory": 1e999}', 400, "bad_json"),
+    (b'\xff\xfe', 400, "bad_json"),
+])
+def test_bad_bodies_get_4xx_never_500(tmp_path, raw, status, kind):
+    async def scenario(comfy):
+        answer = await post(comfy, "/memx/free", data=raw)
+        after = await post(comfy, "/memx/free?timeout=5", json=routes.FREE_ALL)  # the route still works
+        return answer, after
+
+    (got, body, _), (after_status, _, _) = serve("0.27.0", tmp_path, scenario)
+    assert (got, body["error"]) == (status, kind) and body["message"]
+    assert after_status == 200
+
+
+def handoff_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    return {"handoff": "host"}
+
+
+@pytest.mark.parametrize("raw,kind", [
+    (b'{"timeout": "abc"}', "bad_field"), (b"[1]", "bad_body"), (b'{"bytes": -5}', "bad_field"),
+    (b'{"bytes": true}', "bad_field"), (b'{"from": 1.5}', "bad_field"), (b'{"device": 7}', "bad_field"),
+    (b'{"timeout": 1e999}', "bad_json"), (b"[" * 40 + b"]" * 40, "too_deep"),
+])
+def test_handoff_bodies_are_type_checked(tmp_path, monkeypatch, raw, kind):
+    from comfy_memx.sharing import handoff
+
+    async def scenario(comfy):
+        handoff.start(1)
+        return await post(comfy, "/memx/handoff", {access.PEER_HEADER: handoff.part().secret}, data=raw)
+
+    status, body, _ = serve("0.27.0", tmp_path, scenario, **handoff_on(tmp_path, monkeypatch))
+    assert (status, body["error"]) == (400, kind)
+
+
+def test_handoff_needs_the_peer_secret_and_never_names_the_device(tmp_path, monkeypatch):
+    from comfy_memx.sharing import handoff
+
+    async def scenario(comfy):
+        handoff.start(1)
+        secret = handoff.part().secret
+        body = {"bytes": 1, "from": 1, "device": "guess", "timeout": 1}
+        return {"no_secret": await post(comfy, "/memx/handoff", json=body),
+                "wrong_secret": await post(comfy, "/memx/handoff", {access.PEER_HEADER: "x" * 32}, json=body),
+                "token_only": await post(comfy, "/memx/handoff", {"Authorization": "Bearer " + TOKEN}, json=body),
+                "other_device": await post(comfy, "/memx/handoff", {access.PEER_HEADER: secret}, json=body),
+                "remote_request": await post(comfy, "/memx/handoff/request?bytes=10", REMOTE),
+                "device": handoff.part().device}
+
+    answers = serve("0.27.0", tmp_path, scenario, token=TOKEN, **handoff_on(tmp_path, monkeypatch))
+    for name in ("no_secret", "wrong_secret", "token_only"):
+        assert answers[name][0] == 403 and answers[name][1]["error"] == "forbidden", name
+    status, body, _ = answers["other_device"]
+    assert status == 409 and body["status"] == "other_device"
+    assert answers["device"] not in json.dumps(body) and "device" not in body
+    assert answers["remote_request"][0] == 403
+
+
+def test_models_never_show_client_addresses(tmp_path):
+    async def scenario(comfy):
+        await comfy.run(leaky("a"))
+        await post(comfy, "/memx/free", json={"unload_models": True})  # unloaded, still cached: listed
+        response = await comfy.client.get("/memx/models")
+        return await response.text()
+
+    text = serve("0.27.0", tmp_path, scenario)
+    [row] = json.loads(text)
+    assert row["last_unload"]["requested_by"] == {"kind": "http", "route": "/memx/free", "clients": 1}
+    assert "127.0.0.1" not in text and "::1" not in text
+
+
+def test_free_events_written_for_requests_are_bounded_and_counted(tmp_path):
+    events = tmp_path / "events.jsonl"
+
+    async def scenario(comfy):
+        await comfy.run(leaky("a"))
+        for _ in range(12):
+            await post(comfy, "/memx/free?timeout=0", json=routes.FREE_ALL)
+        return STATE.events.stats()
+
+    stats = serve("0.27.0", tmp_path, scenario, events=events, event_rate=1)
+    STATE.events.close()
+    written = [json.loads(line) for line in events.read_text().splitlines()]
+    frees = [e for e in written if e["event"] == "free"]
+    assert stats["dropped"]["rate"] > 0 and len(frees) + stats["dropped"]["rate"] == 12
+
+
+def test_is_loopback_covers_v4_v6_and_mapped_addresses():
+    assert all(access.is_loopback(a) for a in ("127.0.0.1", "127.8.9.10", "::1", "::ffff:127.0.0.1"))
+    assert not any(access.is_loopback(a) for a in ("10.213.0.2", "192.168.1.5", "::ffff:10.0.0.1", "fe80::1",
+                                                    "not-an-ip"))
+
+
+def test_a_hung_peer_holds_neither_the_reads_nor_a_second_handoff_request(tmp_path, monkeypatch):
+    import socket
+    from comfy_memx.pins.hostshare import Peer
+    from comfy_memx.sharing import handoff
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(16)             # accepts connections into its backlog and never answers
+    url = "http://127.0.0.1:%d" % hung.getsockname()[1]
+
+    async def scenario(comfy):
+        handoff.start(1)
+        monkeypatch.setattr(handoff.part().registry, "peers", lambda: {
+            "ab" * 16: Peer(4242, 0, {"device": handoff.part().device, "url": url, "secret": "s" * 32})})
+        asking = [asyncio.ensure_future(post(comfy, "/memx/handoff/request?bytes=10")) for _ in range(12)]
+        await asyncio.sleep(0.2)
+        reads = [await comfy.get_json("/memx/models") for _ in range(5)]   # answered while a peer hangs
+        answers = await asyncio.gather(*asking)
+        return reads, answers
+
+    try:
+        reads, answers = serve("0.27.0", tmp_path, scenario, handoff_wait=2, **handoff_on(tmp_path, monkeypatch))
+    finally:
+        hung.close()
+    assert all(status == 200 for status, _ in reads)
+    statuses = sorted(status for status, _, _ in answers)
+    assert statuses.count(200) == 1 and statuses.count(429) == 11
+    [done] = [body for status, body, _ in answers if status == 200]
+    assert done["peers_asked"] == [{"pid": 4242, "status": "unreachable"}] and done["freed_bytes"] == 0
+
+
+def test_handoff_groups_have_registries_of_their_own(tmp_path, monkeypatch):
+    from comfy_memx.core import config
+    from comfy_memx.core.state import STATE
+    from comfy_memx.sharing import handoff
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    os_paths = set()
+    for group in ("default", "team-a"):
+        monkeypatch.setattr(STATE, "config", config.parse({"COMFY_MEMX_HANDOFF_GROUP": group}))
+        os_paths.add(handoff.registry_path())
+    assert os_paths == {str(tmp_path / "comfy_memx-instances-default.json"),
+                        str(tmp_path / "comfy_memx-instances-team-a.json")}
+    with pytest.raises(config.ConfigError, match="COMFY_MEMX_HANDOFF_GROUP"):
+        config.parse({"COMFY_MEMX_HANDOFF_GROUP": "../etc"})
+
+
+def test_the_token_is_never_shown_and_a_short_one_is_refused():
+    from comfy_memx.core import config
+    cfg = config.parse({"COMFY_MEMX_TOKEN": TOKEN})
+    assert cfg.token == TOKEN and cfg.as_dict()["token"] == "<set>" and TOKEN not in repr(cfg.as_dict())
+    with pytest.raises(config.ConfigError) as info:
+        config.parse({"COMFY_MEMX_TOKEN": "short"})
+    assert "COMFY_MEMX_TOKEN" in str(info.value) and "16" in str(info.value) and "short" not in str(info.value)
+
+
+def test_depth_skips_brackets_inside_strings():
+    from comfy_memx.surface import bodies
+    assert bodies.depth(b'{"a": "[[[[[[[[[[[[\\"[[[["}') == 1
+    assert bodies.depth(b'[[["]"]]]') == 3
+    with pytest.raises(bodies.BadBody):
+        bodies.parse_object(b'{"x": ' + b"[" * 9 + b"]" * 9 + b"}", {})
+
+
+def test_concurrent_frees_do_not_queue_behind_a_running_search(tmp_path, monkeypatch):
+    from comfy_memx.leaks import watch
+    release, entered = threading.Event(), threading.Event()
+    real = watch.search_now
+
+    def held_search(record, ignore=(), budget_s=None):
+        if not entered.is_set():
+            entered.set()
+            assert release.wait(60)
+        return real(record, ignore=ignore, budget_s=budget_s)
+
+    async def scenario(comfy):
+        model_id = await leaked_model(comfy)
+        monkeypatch.setattr(watch, "search_now", held_search)
+        searching = asyncio.ensure_future(post(comfy, f"/memx/models/{model_id}/search"))
+        await asyncio.get_running_loop().run_in_executor(None, entered.wait, 30)
+        frees = await asyncio.gather(*[post(comfy, "/memx/free", json={"unload_models": True}) for _ in range(6)])
+        release.set()
+        return frees, await searching
+
+    frees, (search_status, _, _) = serve("0.27.0", tmp_path, scenario)
+    assert search_status == 200
+    for status, receipt, _ in frees:
+        assert status == 200 and receipt["survivors"]
+        assert all(s["search"]["note"] == "not searched: busy" for s in receipt["survivors"])

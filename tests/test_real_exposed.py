@@ -1,0 +1,133 @@
+"""Issue 18 against real ComfyUI servers (opt-in, gated like ``test_real_comfyui.py``: ``COMFY_MEMX_REAL_COMFYUI``
+and ``COMFY_MEMX_REAL_PYTHON``): one server per tree under ``python -m comfy_memx`` with ``--listen 0.0.0.0``,
+attacked from a network namespace of the test's own (``netns_helpers``) and from loopback.
+
+* the guarded routes (holder search, ``/memx/free``'s searches, ``/memx/handoff/request``) refuse a non-loopback
+  caller without ``COMFY_MEMX_TOKEN`` and serve it with the token; ``/memx/free`` itself and the read routes answer
+  it as ComfyUI's own routes would; ``/memx/handoff`` answers only the peer secret of its group's registry, and its
+  409 never names the device; no answer shows a client address;
+* hostile bodies (100k levels deep, oversized, wrong types, ``NaN``/``1e999``) get 400/413, never 500, and leave no
+  traceback or internal error in the log;
+* the events file: a FIFO makes the launcher exit 2 naming ``--events`` before ComfyUI starts; a file renamed
+  (logrotate) is reopened and the next events land in the new one.
+"""
+
+import json
+import os
+import subprocess
+import time
+from urllib.parse import quote
+
+import pytest
+
+from netns_helpers import call_from, remote_namespace
+from test_real_comfyui import (configured_python, drive, memx_importable_by_real_python, memx_lines,  # noqa: F401
+                               needs_real_comfyui, real_trees, where)
+
+TOKEN = "real-remote-service-token-0123456789"
+
+
+def raw_call(session, path, data, headers=None):
+    import urllib.error
+    import urllib.request
+    request = urllib.request.Request(session.base_url + path, data=data, method="POST", headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"null")
+
+
+@needs_real_comfyui
+@pytest.mark.parametrize("tree", real_trees)
+def test_real_server_exposed_on_all_interfaces(tree, memx_importable_by_real_python, tmp_path):  # noqa: F811
+    if not memx_importable_by_real_python:
+        pytest.skip(f"comfy_memx is not installed for {configured_python()} (pip install --no-deps)")
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    session = drive.Session(tree, configured_python(), str(tmp_path / "server"), launcher="module",
+                            env={"COMFY_MEMX_TOKEN": TOKEN, "COMFY_MEMX_HANDOFF": "host",
+                                 "XDG_RUNTIME_DIR": str(runtime)},
+                            comfy_args=["--listen", "0.0.0.0"])
+    try:
+        assert session.start(), where(session)
+        held = session.prompt("held", {"1": drive.loader_node("memx-exposed"), "2": drive.sampler_node("1", 1),
+                                       "3": drive.leaky_cache_node("1", "exposed")})
+        assert held["ok"], (held, where(session))
+        rows = session.call("models", "GET", "/memx/models")["body"]
+        model_id = rows[0]["model_id"]
+        search = f"/memx/models/{quote(model_id, safe='')}/search"
+
+        with remote_namespace() as (namespace, address, there):
+            remote = f"http://{address}:{session.port}"
+            status, listed, _ = call_from(namespace, "GET", remote + "/memx/models")
+            assert status == 200 and [r["model_id"] for r in listed] == [r["model_id"] for r in rows]
+            status, body, _ = call_from(namespace, "POST", remote + search)
+            assert status == 403 and body["error"] == "forbidden", body
+            status, body, _ = call_from(namespace, "POST", remote + search, {"Authorization": "Bearer " + TOKEN})
+            assert status == 200 and body["model_id"] == model_id, body
+            status, body, _ = call_from(namespace, "POST", remote + "/memx/handoff/request?bytes=1000")
+            assert status == 403, body
+            status, body, _ = call_from(namespace, "POST", remote + "/memx/handoff",
+                                        body={"bytes": 1, "from": 1, "device": "cpu"})
+            assert status == 403 and "device" not in body, body
+            status, receipt, _ = call_from(namespace, "POST", remote + "/memx/free?timeout=120",
+                                           body={"unload_models": True, "free_memory": True})
+            assert status == 200 and receipt["status"] == "done", receipt
+            assert receipt["survivors"], receipt                  # MemxLeakyCache keeps the module
+            assert all(s["holders"] is None and "not searched" in s["search"]["note"] for s in receipt["survivors"])
+            status, receipt, _ = call_from(namespace, "POST", remote + "/memx/free?timeout=120",
+                                           {"X-Memx-Token": TOKEN}, body={"unload_models": True})
+            assert status == 200 and receipt["survivors"][0]["holders"], receipt
+            status, text, _ = call_from(namespace, "GET", remote + "/memx/models")
+            assert there not in json.dumps(text), text
+
+        # Hostile bodies, from loopback: 4xx, never 500.
+        for path, data, expected in [
+                ("/memx/free", b"[" * 100000 + b"]" * 100000, 413),
+                ("/memx/free", b"[" * 64 + b"]" * 64, 400),
+                ("/memx/free", b'{"unload_models": "yes"}', 400),
+                ("/memx/free", b'{"free_memory": NaN}', 400),
+                ("/memx/free", b'{"free_memory": 1e999}', 400),
+                ("/memx/free", b"[1]", 400)]:
+            status, body = raw_call(session, path, data)
+            assert status == expected, (path, data[:40], status, body)
+        registry = json.loads((runtime / "comfy_memx-instances-default.json").read_text())
+        [entry] = registry.values()
+        peer = {"X-Memx-Peer": entry["data"]["secret"]}   # readable only by this user: the group's proof
+        for data in (b'{"timeout": "abc"}', b"[1]", b'{"bytes": -1}', b"{" * 50 + b"}" * 50):
+            status, body = raw_call(session, "/memx/handoff", data, peer)
+            assert status == 400, (data, status, body)
+        status, body = raw_call(session, "/memx/handoff", json.dumps({"bytes": 1, "from": 1, "device": "x"}).encode(),
+                                peer)
+        assert status == 409 and body["status"] == "other_device" and entry["data"]["device"] not in json.dumps(body)
+
+        # logrotate: the file is renamed, the next events go to a new file at the same path.
+        events = session.events_path
+        os.rename(events, events + ".1")
+        again = session.prompt("after_rotate", {"1": drive.loader_node("memx-rotated"),
+                                                "2": drive.sampler_node("1", 2)})
+        assert again["ok"], (again, where(session))
+        for _ in range(100):
+            if os.path.exists(events) and '"event":"load"' in open(events).read():
+                break
+            time.sleep(0.1)
+        assert any(json.loads(line)["event"] == "load" for line in open(events)), where(session)
+    finally:
+        session.stop()
+    text = session.log_text()
+    assert "Traceback" not in text and "comfy_memx: internal error" not in text, where(session)
+
+
+@needs_real_comfyui
+@pytest.mark.parametrize("tree", real_trees)
+def test_real_launcher_refuses_a_fifo_as_events_file(tree, memx_importable_by_real_python, tmp_path):  # noqa: F811
+    if not memx_importable_by_real_python:
+        pytest.skip(f"comfy_memx is not installed for {configured_python()} (pip install --no-deps)")
+    fifo = tmp_path / "events.fifo"
+    os.mkfifo(fifo)
+    done = subprocess.run([configured_python(), "-m", "comfy_memx", "--events", str(fifo),
+                           os.path.join(tree, "main.py"), "--cpu", "--quick-test-for-ci"],
+                          capture_output=True, text=True, timeout=120, cwd=str(tmp_path), env=drive.inherited_env())
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "--events" in done.stderr and "FIFO" in done.stderr
