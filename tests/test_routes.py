@@ -147,6 +147,30 @@ def serve(version, tmp_path, scenario, before_routes=None, **settings):
         return asyncio.run(main())
 
 
+# -- GET /memx/status -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_status_route_says_each_sites_state_and_a_replaced_one_as_rewrapped(version, tmp_path):
+    async def scenario(comfy):
+        import comfy.model_management as mm
+        before = await comfy.get_json("/memx/status")
+        original = mm.load_models_gpu.__wrapped__
+
+        def replacement(*args, **kwargs):          # another pack's, calling ComfyUI's own around ours
+            return original(*args, **kwargs)
+        mm.load_models_gpu = replacement
+        await comfy.run(leaky("a"))                 # the audit at the prompt's start notices it
+        after = await comfy.get_json("/memx/status")
+        return before, after
+
+    (status, before), (_, after) = serve(version, tmp_path, scenario)
+    assert status == 200 and set(before) == {"version", "source", "leak_mode", "sites"}
+    states = {row["site"]: row["state"] for row in before["sites"]}
+    assert states["load_models_gpu"] == "patched" and before["leak_mode"] == "report"
+    [site] = [row for row in after["sites"] if row["site"] == "load_models_gpu"]
+    assert site["state"] == "rewrapped" and "replacement" in site["reason"]
+
+
 # -- GET /memx/models -------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -449,16 +473,18 @@ def test_register_adds_routes_once_and_detects_a_taken_metrics_path():
             self.routes, self.app, self.prompt_queue = web.RouteTableDef(), web.Application(), None
 
     plain = Server()
-    served = ["/memx/models", "/memx/free", "/memx/models/{model_id}/search", "/memx/metrics", "/metrics"]
+    served = ["/memx/models", "/memx/status", "/memx/free", "/memx/models/{model_id}/search", "/memx/metrics",
+              "/metrics"]
     assert routes.register(plain) == served
     assert routes.register(plain) == served
-    assert len(list(plain.routes)) == 5
+    assert len(list(plain.routes)) == 6
     taken = Server()
 
     async def handler(request):
         return web.Response()
     taken.app.router.add_get("/api/metrics", handler)
-    assert routes.register(taken) == ["/memx/models", "/memx/free", "/memx/models/{model_id}/search", "/memx/metrics"]
+    assert routes.register(taken) == ["/memx/models", "/memx/status", "/memx/free", "/memx/models/{model_id}/search",
+                                      "/memx/metrics"]
 
 
 def test_free_without_the_execution_patch_sets_the_flags_and_says_it_cannot_follow(tmp_path):

@@ -85,6 +85,14 @@ class Handlers:
         body = await loop.run_in_executor(gate.reads(), _models_body)
         return web.Response(body=body, content_type="application/json")
 
+    async def status(self, request):
+        """GET /memx/status: comfy_memx's version, how it was activated, its leak mode and every patch site's state
+        (``patched``, ``skipped`` with its reason, or ``rewrapped``: another pack replaced it, comfy_memx wraps the
+        replacement).  Nothing of the settings' values beyond the leak mode."""
+        from comfy_memx._version import __version__
+        return _json({"version": __version__, "source": STATE.source, "leak_mode": STATE.config.leak_mode,
+                      "sites": registry.site_status()})
+
     async def free(self, request):
         """POST /memx/free: set ComfyUI's free flags, wait for the worker run that reads them, answer the receipt.
         Open to every caller, as ComfyUI's own ``/free`` is; the survivors' holder searches only for the guarded
@@ -301,11 +309,12 @@ def register(server):
     events.avoid_loop(getattr(server, "loop", None))   # no events-file I/O on ComfyUI's server loop
     routes = server.routes
     routes.get("/memx/models")(_guarded("/memx/models", handlers.models))
+    routes.get("/memx/status")(_guarded("/memx/status", handlers.status))
     routes.post("/memx/free")(_guarded("/memx/free", handlers.free))
     routes.post("/memx/models/{model_id}/search")(_guarded("/memx/models/{model_id}/search", handlers.search))
     metrics_handler = _guarded("metrics", handlers.metrics)
     routes.get(OWN_METRICS_PATH)(metrics_handler)
-    served = ["/memx/models", "/memx/free", "/memx/models/{model_id}/search", OWN_METRICS_PATH]
+    served = ["/memx/models", "/memx/status", "/memx/free", "/memx/models/{model_id}/search", OWN_METRICS_PATH]
     if metrics_path_taken(server):
         log.info("comfy_memx: another extension already serves %s; comfy_memx's metrics are at %s",
                  METRICS_PATH, OWN_METRICS_PATH)
