@@ -127,6 +127,10 @@ class PrometheusServer:
             params["time"] = f"{at:.3f}"
         return self.api("query", **params)["result"]
 
+    def query_range(self, expr, start, end, step=1.0):
+        """The range vectors of ``expr`` between ``start`` and ``end`` (Unix seconds), one point per ``step``."""
+        return self.api("query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}", step=f"{step:g}")["result"]
+
     def alerts(self):
         """Active alerts (pending and firing) as the API lists them."""
         return self.api("alerts")["alerts"]
