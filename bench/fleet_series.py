@@ -3,7 +3,8 @@ server of a soak (``bench/soak.py``, run unchanged) every second, and counts wha
 
 ::
 
-    python bench/fleet_series.py --comfyui PATH --python PY [--prompts 200] [--json OUT] [-- extra soak.py args]
+    python bench/fleet_series.py --comfyui PATH --python PY [--prompts 200] [--json OUT] [--keep]
+                                 [-- extra soak.py args]
 
 Standard library only. ``prometheus`` comes from ``PATH`` (Debian's ``prometheus`` package) or
 ``$COMFY_MEMX_PROMETHEUS``. The soak runs with ``--no-plain`` (the comfy_memx server alone), ``--leak-mode strict``
@@ -12,14 +13,16 @@ unless the extra arguments say otherwise, and ``--port-base`` set to a free port
 
 Figures (printed, and written to ``--json``): distinct ``comfy_memx_*`` series Prometheus stored for the server over
 the whole soak (every label set that ever appeared: the cost in the TSDB's head), the largest number of samples one
-scrape returned (``scrape_samples_scraped``: the series of one scrape), and series per metric name. Exit status: the
-soak's (0 when it ran), 2 when Prometheus is missing or did not start.
+scrape returned (``scrape_samples_scraped``: the series of one scrape), and series per metric name. The soak's own
+report goes next to ``--json`` (``<OUT>-soak.json``). The work folder (Prometheus's config and data) is removed at the
+end unless ``--keep``. Exit status: the soak's (0 when it ran), 2 when Prometheus is missing or did not start.
 """
 
 import argparse
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -56,6 +59,7 @@ def main(argv=None):
     parser.add_argument("--python", default=sys.executable, help="interpreter that runs ComfyUI with comfy_memx")
     parser.add_argument("--prompts", type=int, default=200)
     parser.add_argument("--json", default=None, help="write the figures here")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder (Prometheus config and data)")
     parser.add_argument("soak_args", nargs="*", help="more bench/soak.py arguments (after --)")
     options = parser.parse_args(argv)
     prom_module = _prom()
@@ -68,20 +72,26 @@ def main(argv=None):
     soak_args = list(options.soak_args)
     if "--leak-mode" not in soak_args:
         soak_args += ["--leak-mode", "strict"]
+    soak_report = (os.path.splitext(options.json)[0] + "-soak.json") if options.json else os.path.join(work,
+                                                                                                       "soak.json")
     command = [sys.executable, os.path.join(HERE, "soak.py"), "--comfyui", options.comfyui, "--python",
                options.python, "--prompts", str(options.prompts), "--no-plain", "--port-base", str(port),
-               "--json", os.path.join(work, "soak.json")] + soak_args
-    with prom_module.PrometheusServer(os.path.join(work, "prometheus"), [f"127.0.0.1:{port}"], [rules]) as prom:
-        if not prom.wait_ready(60):
-            print(f"prometheus did not start: {prom.log_text()[-2000:]}", file=sys.stderr)
-            return 2
-        start = time.time()
-        soak = subprocess.run(command)
-        end = time.time()
-        time.sleep(2.0)  # the last scrapes are committed
-        figures = count_series(prom, prom_module.JOB, start, end)
+               "--json", soak_report] + soak_args
+    try:
+        with prom_module.PrometheusServer(os.path.join(work, "prometheus"), [f"127.0.0.1:{port}"], [rules]) as prom:
+            if not prom.wait_ready(60):
+                print(f"prometheus did not start: {prom.log_text()[-2000:]}", file=sys.stderr)
+                return 2
+            start = time.time()
+            soak = subprocess.run(command)
+            end = time.time()
+            time.sleep(2.0)  # the last scrapes are committed
+            figures = count_series(prom, prom_module.JOB, start, end)
+    finally:
+        if not options.keep:
+            shutil.rmtree(work, ignore_errors=True)
     figures.update(prompts=options.prompts, soak_exit=soak.returncode, soak_command=command,
-                   soak_report=os.path.join(work, "soak.json"), seconds=round(end - start, 1))
+                   soak_report=soak_report if options.json else None, seconds=round(end - start, 1))
     print(f"\ncomfy_memx series of one server after {options.prompts} prompts: {figures['distinct']} distinct over "
           f"the run, at most {figures['max_scrape_samples']} samples in one scrape")
     for name, number in figures["by_name"].items():
