@@ -78,3 +78,13 @@ def test_the_unit_tests_load_the_shipped_rules_file():
     [listed] = re.findall(r"^rule_files:\n\s+- (\S+)$", text, re.M)
     assert (UNIT_TESTS.parent / listed).resolve() == Path(fleet.rules_path()).resolve()
 
+
+def test_every_alert_has_a_runbook_in_the_readme():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## For fleets\n", 1)
+    assert len(section) == 2, "the README has no 'For fleets' section"
+    body = section[1].split("\n## ", 1)[0]
+    rules = Path(fleet.rules_path()).read_text(encoding="utf-8")
+    for name in alert_names():
+        assert f"**{name}**" in body, f"no runbook for {name} in the README's For fleets section"
+        assert f'runbook: "comfy_memx README, For fleets: {name}"' in rules, name
