@@ -16,6 +16,8 @@ FACTS = {"version": "9.9.9", "leak_mode": "strict", "source": "launcher", "sites
     {"patch": "model_management", "site": "unload_model_and_clones", "state": "skipped",
      "reason": "absent in this ComfyUI"},
     {"patch": "loader", "site": "load_torch_file", "state": "skipped", "reason": "disabled by COMFY_MEMX_DISABLE"},
+    {"patch": "model_management", "site": "free_memory", "state": "rewrapped",
+     "reason": "replaced by multigpu.free_memory (package multigpu_like); comfy_memx wraps the replacement"},
 ]}
 
 
@@ -107,7 +109,8 @@ def test_info_metric_and_skipped_sites_tell_where_and_how_comfy_memx_runs():
     m, _ = new_metrics()
     s = scrape(m)
     assert named(s, "comfy_memx_info") == {(("leak_mode", "strict"), ("source", "launcher"), ("version", "9.9.9")): 1}
-    assert named(s, "comfy_memx_patch_sites") == {(("state", "patched"),): 1, (("state", "skipped"),): 2}
+    assert named(s, "comfy_memx_patch_sites") == {(("state", "patched"),): 1, (("state", "rewrapped"),): 1,
+                                                  (("state", "skipped"),): 2}
     assert named(s, "comfy_memx_patch_skipped") == {
         (("patch", "model_management"), ("reason", "absent"), ("site", "unload_model_and_clones")): 1,
         (("patch", "loader"), ("reason", "disabled"), ("site", "load_torch_file")): 1,

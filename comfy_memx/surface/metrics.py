@@ -8,7 +8,7 @@ figures, so a model that is gone disappears from them.  Every name starts with `
 name                                       type       labels
 =========================================  =========  =========================================================
 comfy_memx_info                            gauge      version, leak_mode, source: 1 while comfy_memx is active
-comfy_memx_patch_sites                     gauge      state (patched/skipped): number of patch sites
+comfy_memx_patch_sites                     gauge      state (patched/rewrapped/skipped): number of patch sites
 comfy_memx_patch_skipped                   gauge      patch, site, reason (absent/disabled/not_imported/other): 1
 comfy_memx_loaded_bytes                    gauge      device: weights loaded on each load device
 comfy_memx_model_loaded_bytes              gauge      model, model_id, package, device
@@ -340,7 +340,7 @@ class _StateCollector:
         info.add_metric([str(facts.get("version") or UNKNOWN), str(facts.get("leak_mode") or UNKNOWN),
                          str(facts.get("source") or UNKNOWN)], 1)
         yield info
-        counts = {"patched": 0, "skipped": 0}
+        counts = {"patched": 0, "rewrapped": 0, "skipped": 0}
         skipped = gauge(PREFIX + "patch_skipped", "Patch sites that comfy_memx skipped in this process (always 1), "
                         "with why", labels=["patch", "site", "reason"])
         for site in facts.get("sites") or ():
@@ -349,7 +349,8 @@ class _StateCollector:
                 counts[state] += 1
             if state == "skipped":
                 skipped.add_metric([str(site.get("patch")), str(site.get("site")), skip_reason(site.get("reason"))], 1)
-        sites = gauge(PREFIX + "patch_sites", "Patch sites by state (patched, skipped)", labels=["state"])
+        sites = gauge(PREFIX + "patch_sites", "Patch sites by state (patched; rewrapped: another pack replaced the "
+                      "wrapper and comfy_memx wraps the replacement; skipped)", labels=["state"])
         for state, number in counts.items():
             sites.add_metric([state], number)
         yield sites
