@@ -181,10 +181,7 @@ def test_the_rooted_leak_alert_fires_naming_the_holding_and_the_loading_package(
     labels = [alert["labels"] for alert in leaks]
     assert all(label["loader_package"] == HOLDER and label["job"] == prom.JOB for label in labels), labels
     leak_events = [e for e in fleet_run["events"] if e["event"] == "leak" and e.get("stage") == "rooted"]
-    assert leak_events, "the server reported no rooted leak"
-    if not any("holder_package" in event for event in leak_events):
-        assert [label["package"] for label in labels] == ["unknown"], labels
-        pytest.xfail("leak events carry no holder_package yet (issue 17): the alert fired with package=unknown")
+    assert [e.get("holder_package") for e in leak_events] == [HOLDER], leak_events
     assert [label["package"] for label in labels] == [HOLDER], labels
 
 
