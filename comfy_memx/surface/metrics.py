@@ -43,8 +43,8 @@ comfy_memx_offload_gbps                    histogram  -: GB/s of unloads that co
 =========================================  =========  =========================================================
 
 Leak counters name two packages: ``package`` is the custom-node package that *holds* the leaked model (the
-event's ``holder_package``; ``unknown`` when no holder was found, e.g. in report mode) and ``loader_package`` the
-one that loaded it (its owner).
+event's ``holder_package``, found by the probe in every leak mode and by strict mode's search; ``unknown`` when
+neither found one) and ``loader_package`` the one that loaded it (its owner).
 
 Label cardinality is capped so that a fleet can afford it: every package-like label (``package``,
 ``loader_package``, ``cause_package``) and the ``model`` label of counters admit the first :data:`MAX_PACKAGES` /
@@ -74,6 +74,7 @@ MAX_MODELS = 40        # distinct model names in counters
 MAX_MODEL_SERIES = 25  # models shown one by one in the per-model gauges (largest first)
 OTHER = "other"
 UNKNOWN = "unknown"
+
 
 class MetricsUnavailable(MemxError):
     """prometheus_client is not installed; the message says how to install it."""
