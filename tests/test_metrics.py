@@ -23,7 +23,7 @@ EVENTS = [
     {"event": "load", "owner": {**OWNER, "package": "core"}, "bytes": 50, "seconds": 0.01},
     {"event": "unload", "owner": OWNER, "reason": "memory_pressure", "bytes": 400, "seconds": 0.1},
     {"event": "unload", "owner": OWNER, "reason": "free_request", "bytes": 200, "seconds": 0.05},
-    {"event": "leak", "owner": OWNER, "stage": "rooted"},
+    {"event": "leak", "owner": OWNER, "stage": "rooted", "holder_package": "ComfyUI-Cachey", "model_id": "Leaky#1"},
     {"event": "leak", "owner": OWNER, "stage": "cycle"},
     {"event": "pin_evict", "model_id": "SDXL#1", "reason": "cap", "bytes": 30},
     {"event": "pin_refused", "model_id": "SDXL#1", "reason": "over_cap", "bytes": 10},
@@ -63,7 +63,10 @@ def test_every_name_has_the_prefix_and_the_documented_labels():
     assert labels["comfy_memx_loads_total"] == labels["comfy_memx_load_bytes_total"] == {("package",)}
     assert labels["comfy_memx_unloads_total"] == {("package", "reason")}
     assert labels["comfy_memx_unload_bytes_total"] == {("reason",)}
-    assert labels["comfy_memx_leaks_total"] == {("package", "stage")}
+    assert labels["comfy_memx_leaks_total"] == {("loader_package", "package", "stage")}
+    assert labels["comfy_memx_leaked_bytes"] == {("loader_package", "package")}
+    assert labels["comfy_memx_info"] == {("leak_mode", "source", "version")}
+    assert labels["comfy_memx_patch_sites"] == {("state",)}
     assert labels["comfy_memx_pin_evictions_total"] == labels["comfy_memx_pin_evicted_bytes_total"] == {("reason",)}
     assert labels["comfy_memx_pin_refusals_total"] == {("reason",)}
     assert ("le",) in labels["comfy_memx_load_seconds_bucket"] and ("le",) in labels["comfy_memx_offload_seconds_bucket"]
@@ -84,8 +87,11 @@ def test_values_follow_the_events_and_the_state():
     assert s[("comfy_memx_load_bytes_total", (("package", "core"),))] == 50
     assert s[("comfy_memx_unloads_total", (("package", "leaky_pack"), ("reason", "memory_pressure")))] == 1
     assert s[("comfy_memx_unload_bytes_total", (("reason", "free_request"),))] == 200
-    assert s[("comfy_memx_leaks_total", (("package", "leaky_pack"), ("stage", "rooted")))] == 1
-    assert s[("comfy_memx_leaks_total", (("package", "leaky_pack"), ("stage", "cycle")))] == 1
+    assert s[("comfy_memx_leaks_total", (("loader_package", "leaky_pack"), ("package", "ComfyUI-Cachey"),
+                                         ("stage", "rooted")))] == 1
+    assert s[("comfy_memx_leaks_total", (("loader_package", "leaky_pack"), ("package", "unknown"),
+                                         ("stage", "cycle")))] == 1
+    assert s[("comfy_memx_leaked_bytes", (("loader_package", "leaky_pack"), ("package", "ComfyUI-Cachey")))] == 70
     assert s[("comfy_memx_pin_evictions_total", (("reason", "cap"),))] == 1
     assert s[("comfy_memx_pin_evicted_bytes_total", (("reason", "cap"),))] == 30
     assert s[("comfy_memx_pin_refusals_total", (("reason", "over_cap"),))] == 1
@@ -137,16 +143,18 @@ def test_install_without_prometheus_client_returns_none(monkeypatch):
 
 def test_a_leak_counts_once_and_its_later_sightings_and_searches_count_apart():
     search = {"seconds": 0.1, "objects_visited": 10, "complete": True}
+    held = {"holder_package": "leaky_pack"}
     samples = exposition(events=[
-        {"event": "leak", "owner": OWNER, "stage": "rooted", "reason": "new", "search": search},
-        {"event": "leak_seen", "owner": OWNER, "stage": "rooted", "sightings": 2},
-        {"event": "leak_seen", "owner": OWNER, "stage": "rooted", "sightings": 3},
-        {"event": "leak", "owner": OWNER, "stage": "rooted", "reason": "holders_changed", "search": search},
+        {"event": "leak", "owner": OWNER, "stage": "rooted", "reason": "new", "search": search, **held},
+        {"event": "leak_seen", "owner": OWNER, "stage": "rooted", "sightings": 2, **held},
+        {"event": "leak_seen", "owner": OWNER, "stage": "rooted", "sightings": 3, **held},
+        {"event": "leak", "owner": OWNER, "stage": "rooted", "reason": "holders_changed", "search": search, **held},
         {"event": "leak", "owner": OWNER, "stage": "rooted", "reason": "new",
-         "search": {"deferred": True, "reason": "new"}},
+         "search": {"deferred": True, "reason": "new"}, **held},
     ])
-    assert samples[("comfy_memx_leaks_total", (("package", "leaky_pack"), ("stage", "rooted")))] == 2
-    assert samples[("comfy_memx_leak_sightings_total", (("package", "leaky_pack"),))] == 2
+    both = (("loader_package", "leaky_pack"), ("package", "leaky_pack"))
+    assert samples[("comfy_memx_leaks_total", both + (("stage", "rooted"),))] == 2
+    assert samples[("comfy_memx_leak_sightings_total", both)] == 2
     assert samples[("comfy_memx_leak_searches_total", (("reason", "new"),))] == 1
     assert samples[("comfy_memx_leak_searches_total", (("reason", "holders_changed"),))] == 1
 

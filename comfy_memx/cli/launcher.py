@@ -13,6 +13,7 @@ import sys
 COMMANDS = {
     "demo": "comfy_memx.cli.demo",
     "doctor": "comfy_memx.cli.doctor",
+    "fleet": "comfy_memx.cli.fleet",
     "free": "comfy_memx.cli.free",
     "report": "comfy_memx.cli.report",
 }

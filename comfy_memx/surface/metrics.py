@@ -1,36 +1,56 @@
 """Prometheus metrics of model memory, in a registry of comfy_memx's own (nothing global is touched).
 
-Counters and histograms are fed by ``STATE.events`` (``load``, ``unload``, ``leak``, ``pin_evict``,
-``pin_refused``); gauges are read at scrape time from the ledger and ComfyUI's own figures, so a model that is gone
-disappears from them.  Every name starts with ``comfy_memx_``:
+Counters and histograms are fed by ``STATE.events`` (``load``, ``unload``, ``leak``, ``leak_seen``, ``pin_evict``,
+``pin_refused``, ``free``); gauges are read at scrape time from the ledger, the patch table and ComfyUI's own
+figures, so a model that is gone disappears from them.  Every name starts with ``comfy_memx_``:
 
 =========================================  =========  =========================================================
 name                                       type       labels
 =========================================  =========  =========================================================
+comfy_memx_info                            gauge      version, leak_mode, source: 1 while comfy_memx is active
+comfy_memx_patch_sites                     gauge      state (patched/rewrapped/skipped): number of patch sites
+comfy_memx_patch_skipped                   gauge      patch, site, reason (absent/disabled/not_imported/other): 1
 comfy_memx_loaded_bytes                    gauge      device: weights loaded on each load device
 comfy_memx_model_loaded_bytes              gauge      model, model_id, package, device
 comfy_memx_model_bytes                     gauge      model, model_id, package, state (loaded/offloaded/leaked)
+comfy_memx_leaked_bytes                    gauge      package (holder), loader_package: weights of live leaked models
 comfy_memx_pinned_bytes                    gauge      -: pinned host memory (ComfyUI's TOTAL_PINNED_MEMORY)
 comfy_memx_pin_cap_bytes                   gauge      source: comfy_memx (the cap in force), comfyui (its own)
 comfy_memx_loads_total                     counter    package
 comfy_memx_load_bytes_total                counter    package
 comfy_memx_unloads_total                   counter    reason, package
 comfy_memx_unload_bytes_total              counter    reason
-comfy_memx_leaks_total                     counter    package, stage (once per leaked model)
-comfy_memx_leak_sightings_total            counter    package: later prompts that saw a known leak again
+comfy_memx_leaks_total                     counter    package (holder), loader_package, stage (once per leaked model)
+comfy_memx_leak_sightings_total            counter    package (holder), loader_package: later prompts that saw it
 comfy_memx_leak_searches_total             counter    reason (new, holders_changed, deferred)
 comfy_memx_reloads_total                   counter    model, cause_package: reloads charged to an unload's cause
 comfy_memx_reload_seconds_total            counter    model, cause_package
 comfy_memx_models_ram_bytes                gauge      -: RAM held by live models (their CPU-resident weights)
 comfy_memx_process_rss_bytes               gauge      -: resident memory of the ComfyUI process
 comfy_memx_trim_returned_bytes_total       counter    -: bytes malloc_trim returned after /memx/free
-comfy_memx_last_free_bytes                 gauge      kind: allocator_retained, held_by_models, rss_after
+comfy_memx_last_free_bytes                 gauge      kind: allocator_retained, held_by_models, rss_after, survivors
+comfy_memx_last_free_survivors             gauge      -: models the last free left alive (its receipt's survivors)
+comfy_memx_frees_total                     counter    origin (/memx/free, idle_unload, ...): finished free requests
+comfy_memx_free_freed_bytes_total          counter    origin: device bytes the frees unloaded
+comfy_memx_free_survivors_total            counter    origin: survivors listed by the frees' receipts
 comfy_memx_pin_evictions_total             counter    reason
 comfy_memx_pin_evicted_bytes_total         counter    reason
 comfy_memx_pin_refusals_total              counter    reason
 comfy_memx_load_seconds                    histogram  -
 comfy_memx_offload_seconds                 histogram  -
+comfy_memx_load_gbps                       histogram  -: GB/s of loads that copied bytes (none on CPU-only runs)
+comfy_memx_offload_gbps                    histogram  -: GB/s of unloads that copied bytes
 =========================================  =========  =========================================================
+
+Leak counters name two packages: ``package`` is the custom-node package that *holds* the leaked model (the
+event's ``holder_package``, found by the probe in every leak mode and by strict mode's search; ``unknown`` when
+neither found one) and ``loader_package`` the one that loaded it (its owner).
+
+Label cardinality is capped so that a fleet can afford it: every package-like label (``package``,
+``loader_package``, ``cause_package``) and the ``model`` label of counters admit the first :data:`MAX_PACKAGES` /
+:data:`MAX_MODELS` values a process sees and fold later ones into ``other``; the per-model gauges show the
+:data:`MAX_MODEL_SERIES` largest models and sum the rest into one ``other`` series per device or state.  Counters
+and histograms export no ``_created`` series (one sample fewer per series; Prometheus does not read them).
 
 ``prometheus_client`` is an optional extra (``pip install comfy_memx[metrics]``), imported when metrics are
 installed, never at import of this module.
@@ -38,6 +58,7 @@ installed, never at import of this module.
 
 import logging
 
+from comfy_memx._version import __version__
 from comfy_memx.core.errors import MemxError
 from comfy_memx.core.state import STATE
 from comfy_memx.surface import readmodel, retention
@@ -46,8 +67,13 @@ log = logging.getLogger("comfy_memx")
 
 PREFIX = "comfy_memx_"
 SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+GBPS_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)
 INSTALL_HINT = "pip install prometheus_client  (or: pip install comfy_memx[metrics])"
-
+MAX_PACKAGES = 40      # distinct package-like label values per process (the rest: "other")
+MAX_MODELS = 40        # distinct model names in counters
+MAX_MODEL_SERIES = 25  # models shown one by one in the per-model gauges (largest first)
+OTHER = "other"
+UNKNOWN = "unknown"
 
 
 class MetricsUnavailable(MemxError):
@@ -63,27 +89,54 @@ def _prometheus():
     return prometheus_client
 
 
+class LabelCap:
+    """Admits the first ``limit`` distinct values of a label and answers :data:`OTHER` for any later one.
+
+    Values once admitted stay admitted (a counter's series never changes its labels); the set is bounded by
+    ``limit``, so the series of the counters that use it are too.
+    """
+
+    def __init__(self, limit):
+        self.limit = limit
+        self._seen = set()
+
+    def __call__(self, value):
+        """``value`` as a label: itself when admitted (or room is left), else :data:`OTHER`."""
+        value = str(value)
+        if value in self._seen:
+            return value
+        if len(self._seen) < self.limit:
+            self._seen.add(value)
+            return value
+        return OTHER
+
+
 class Metrics:
     """The metric objects, their private registry, and the event handler that feeds them.
 
     Raises :class:`MetricsUnavailable` without prometheus_client.  ``model_rows`` (a callable returning
-    /memx/models rows) and ``pin_facts`` (a callable returning ``{"pinned_bytes", "cap_bytes",
-    "comfyui_cap_bytes"}``) feed the scrape-time gauges; tests pass their own.
+    /memx/models rows), ``pin_facts`` (a callable returning ``{"pinned_bytes", "cap_bytes",
+    "comfyui_cap_bytes"}``) and ``process_facts`` (a callable returning ``{"version", "leak_mode", "source",
+    "sites"}``, ``sites`` as in :func:`comfy_memx.core.registry.site_status`) feed the scrape-time gauges; tests
+    pass their own.
     """
 
-    def __init__(self, model_rows=None, pin_facts=None):
+    def __init__(self, model_rows=None, pin_facts=None, process_facts=None):
         pc = _prometheus()
         self._pc = pc
+        self.packages = LabelCap(MAX_PACKAGES)
+        self.models = LabelCap(MAX_MODELS)
+        self.holders = {}  # model_id -> holding package, from leak events (pruned at scrape to live models)
         self.registry = pc.CollectorRegistry(auto_describe=True)
         counter = self._counter
         self.loads = counter("loads", "Model loads that moved bytes onto a device", ["package"])
         self.load_bytes = counter("load_bytes", "Bytes moved onto devices by model loads", ["package"])
         self.unloads = counter("unloads", "Model unloads by reason", ["reason", "package"])
         self.unload_bytes = counter("unload_bytes", "Bytes freed on devices by model unloads", ["reason"])
-        self.leaks = counter("leaks", "Leaked models reported after ComfyUI's leak warning (once per model)",
-                             ["package", "stage"])
+        self.leaks = counter("leaks", "Leaked models reported after ComfyUI's leak warning (once per model), by "
+                             "holding package", ["package", "loader_package", "stage"])
         self.leak_sightings = counter("leak_sightings", "Prompts in which ComfyUI warned again about a known leak",
-                                      ["package"])
+                                      ["package", "loader_package"])
         self.leak_searches = counter("leak_searches", "Strict holder searches run after leak warnings", ["reason"])
         self.reloads = counter("reloads", "Loads of weights that an earlier unload had moved off the device",
                                ["model", "cause_package"])
@@ -94,13 +147,23 @@ class Metrics:
         self.pin_refusals = counter("pin_refusals", "Pin requests refused", ["reason"])
         self.trim_returned = counter("trim_returned_bytes", "Bytes malloc_trim gave back to the kernel after "
                                      "/memx/free (what the C allocator had kept)", [])
+        self.frees = counter("frees", "Free requests that finished (/memx/free, idle unload, hand-off)", ["origin"])
+        self.free_freed_bytes = counter("free_freed_bytes", "Device bytes unloaded by free requests", ["origin"])
+        self.free_survivors = counter("free_survivors", "Survivors listed by free receipts (models still alive "
+                                      "that the free should have released)", ["origin"])
         self.last_free = pc.Gauge(PREFIX + "last_free_bytes", "Memory figures of the last /memx/free",
                                   ["kind"], registry=self.registry)
+        self.last_free_survivors = pc.Gauge(PREFIX + "last_free_survivors", "Models the last free request left "
+                                            "alive (the survivors of its receipt)", registry=self.registry)
         self.load_seconds = pc.Histogram(PREFIX + "load_seconds", "Seconds per model load that moved bytes",
                                          buckets=SECONDS_BUCKETS, registry=self.registry)
         self.offload_seconds = pc.Histogram(PREFIX + "offload_seconds", "Seconds per model unload (offload)",
                                             buckets=SECONDS_BUCKETS, registry=self.registry)
-        self.registry.register(_StateCollector(pc, model_rows, pin_facts))
+        self.load_gbps = pc.Histogram(PREFIX + "load_gbps", "GB/s of model loads that copied bytes",
+                                      buckets=GBPS_BUCKETS, registry=self.registry)
+        self.offload_gbps = pc.Histogram(PREFIX + "offload_gbps", "GB/s of model unloads that copied bytes",
+                                         buckets=GBPS_BUCKETS, registry=self.registry)
+        self.registry.register(_StateCollector(pc, model_rows, pin_facts, process_facts, self.holders))
 
     def _counter(self, name, documentation, labels):
         return self._pc.Counter(PREFIX + name, documentation, labels, registry=self.registry)
@@ -111,28 +174,33 @@ class Metrics:
         if kind == "load":
             reload = event.get("reload")
             if isinstance(reload, dict):
-                labels = (str(event.get("model") or "?"), str(reload.get("package") or "?"))
+                labels = (self.models(event.get("model") or "?"), self.packages(reload.get("package") or "?"))
                 self.reloads.labels(*labels).inc()
                 self.reload_seconds.labels(*labels).inc(max(0.0, reload.get("seconds") or 0.0))
-            package = _package(event)
+            package = self.packages(_package(event))
             self.loads.labels(package).inc()
             self.load_bytes.labels(package).inc(max(0, event.get("bytes") or 0))
             if event.get("seconds") is not None:
                 self.load_seconds.observe(event["seconds"])
+            if event.get("gb_per_s") is not None:
+                self.load_gbps.observe(event["gb_per_s"])
         elif kind == "unload":
             reason = str(event.get("reason") or "other")
-            self.unloads.labels(reason, _package(event)).inc()
+            self.unloads.labels(reason, self.packages(_package(event))).inc()
             self.unload_bytes.labels(reason).inc(max(0, event.get("bytes") or 0))
             if event.get("seconds") is not None:
                 self.offload_seconds.observe(event["seconds"])
+            if event.get("gb_per_s") is not None:
+                self.offload_gbps.observe(event["gb_per_s"])
         elif kind == "leak":
+            holder = self._holder(event)
             if event.get("reason", "new") == "new":
-                self.leaks.labels(_package(event), str(event.get("stage") or "?")).inc()
+                self.leaks.labels(holder, self.packages(_package(event)), str(event.get("stage") or "?")).inc()
             search = event.get("search") or {}
             if "seconds" in search:
                 self.leak_searches.labels(str(event.get("reason") or "new")).inc()
         elif kind == "leak_seen":
-            self.leak_sightings.labels(_package(event)).inc()
+            self.leak_sightings.labels(self._holder(event), self.packages(_package(event))).inc()
         elif kind == "pin_evict":
             reason = str(event.get("reason") or "?")
             self.pin_evictions.labels(reason).inc()
@@ -140,50 +208,108 @@ class Metrics:
         elif kind == "pin_refused":
             self.pin_refusals.labels(str(event.get("reason") or "?")).inc()
         elif kind == "free":
-            memory = event.get("memory") or {}
-            returned = (memory.get("trim") or {}).get("returned_bytes")
-            if returned is not None:
-                self.trim_returned.inc(max(0, returned))
-                self.last_free.labels("allocator_retained").set(returned)
-            if memory.get("held_bytes") is not None:
-                self.last_free.labels("held_by_models").set(memory["held_bytes"])
-            if memory.get("rss_after_trim") or memory.get("rss_after"):
-                self.last_free.labels("rss_after").set(memory.get("rss_after_trim") or memory["rss_after"])
+            self._observe_free(event)
+
+    def _holder(self, event):
+        """The holding package of a leak event as a label; remembered per model for the leaked-bytes gauge."""
+        holder = event.get("holder_package")
+        model_id = event.get("model_id")
+        if holder:
+            holder = self.packages(holder)
+            if model_id is not None:
+                self.holders[str(model_id)] = holder
+            return holder
+        return self.holders.get(str(model_id), UNKNOWN) if model_id is not None else UNKNOWN
+
+    def _observe_free(self, event):
+        origin = self.packages(_origin(event.get("origin")))
+        self.frees.labels(origin).inc()
+        self.free_freed_bytes.labels(origin).inc(max(0, event.get("freed_bytes") or 0))
+        self.free_survivors.labels(origin).inc(max(0, event.get("survivors") or 0))
+        self.last_free_survivors.set(max(0, event.get("survivors") or 0))
+        self.last_free.labels("survivors").set(max(0, event.get("survivor_bytes") or 0))
+        memory = event.get("memory") or {}
+        returned = (memory.get("trim") or {}).get("returned_bytes")
+        if returned is not None:
+            self.trim_returned.inc(max(0, returned))
+            self.last_free.labels("allocator_retained").set(returned)
+        if memory.get("held_bytes") is not None:
+            self.last_free.labels("held_by_models").set(memory["held_bytes"])
+        if memory.get("rss_after_trim") or memory.get("rss_after"):
+            self.last_free.labels("rss_after").set(memory.get("rss_after_trim") or memory["rss_after"])
 
     def exposition(self):
-        """``(body bytes, content type)`` of the Prometheus text format."""
-        return self._pc.generate_latest(self.registry), self._pc.CONTENT_TYPE_LATEST
+        """``(body bytes, content type)`` of the Prometheus text format (no ``_created`` series)."""
+        return self._pc.generate_latest(_WithoutCreated(self.registry)), self._pc.CONTENT_TYPE_LATEST
+
+
+class _WithoutCreated:
+    """A registry view whose families carry no ``_created`` samples (Prometheus ignores them; each would be one
+    more series per counter and histogram series)."""
+
+    def __init__(self, registry):
+        self._registry = registry
+
+    def collect(self):
+        for family in self._registry.collect():
+            created = family.name + "_created"
+            if any(sample.name == created for sample in family.samples):
+                family.samples = [sample for sample in family.samples if sample.name != created]
+            yield family
 
 
 class _StateCollector:
-    """Scrape-time gauges from the ledger and ComfyUI's pinned-memory figures."""
+    """Scrape-time gauges from the ledger, the patch table and ComfyUI's pinned-memory figures."""
 
-    def __init__(self, pc, model_rows, pin_facts):
+    def __init__(self, pc, model_rows, pin_facts, process_facts, holders):
         self._pc, self._model_rows, self._pin_facts = pc, model_rows, pin_facts
+        self._process_facts, self._holders = process_facts, holders
 
     def describe(self):
         return []
 
     def collect(self):
+        yield from self._process()
         gauge = self._pc.core.GaugeMetricFamily
         per_device = gauge(PREFIX + "loaded_bytes", "Model weights loaded on each load device", labels=["device"])
         per_model = gauge(PREFIX + "model_loaded_bytes", "Weights of one model loaded on its load device",
                           labels=["model", "model_id", "package", "device"])
         sizes = gauge(PREFIX + "model_bytes", "Weights of one model, wherever they are",
                       labels=["model", "model_id", "package", "state"])
-        totals = {}
+        leaked = gauge(PREFIX + "leaked_bytes", "Weights of live leaked models, by holding and loading package",
+                       labels=["package", "loader_package"])
+        totals, rest_loaded, rest_sizes, leaked_sums = {}, {}, {}, {}
         rows = (self._model_rows or readmodel.model_rows)()
+        shown = sorted(rows, key=lambda row: row["bytes"], reverse=True)[:MAX_MODEL_SERIES]
+        shown_ids = {id(row) for row in shown}
         for row in rows:
             package = str(row["owner"].get("package") or "?")
             device = str(row["load_device"])
             totals[device] = totals.get(device, 0) + row["loaded_bytes"]
-            per_model.add_metric([row["model"], row["model_id"], package, device], row["loaded_bytes"])
-            sizes.add_metric([row["model"], row["model_id"], package, row["state"]], row["bytes"])
+            if id(row) in shown_ids:
+                per_model.add_metric([row["model"], row["model_id"], package, device], row["loaded_bytes"])
+                sizes.add_metric([row["model"], row["model_id"], package, row["state"]], row["bytes"])
+            else:
+                rest_loaded[device] = rest_loaded.get(device, 0) + row["loaded_bytes"]
+                rest_sizes[row["state"]] = rest_sizes.get(row["state"], 0) + row["bytes"]
+            if row["state"] == "leaked":
+                key = (self._holder_of(row), package)
+                leaked_sums[key] = leaked_sums.get(key, 0) + row["bytes"]
+        for device, nbytes in sorted(rest_loaded.items()):
+            per_model.add_metric([OTHER, OTHER, OTHER, device], nbytes)
+        for state, nbytes in sorted(rest_sizes.items()):
+            sizes.add_metric([OTHER, OTHER, OTHER, state], nbytes)
         for device, nbytes in sorted(totals.items()):
             per_device.add_metric([device], nbytes)
+        for labels, nbytes in sorted(leaked_sums.items()):
+            leaked.add_metric(list(labels), nbytes)
+        live = {str(row["model_id"]) for row in rows}
+        for model_id in [model_id for model_id in list(self._holders) if model_id not in live]:
+            self._holders.pop(model_id, None)
         yield per_device
         yield per_model
         yield sizes
+        yield leaked
         held = gauge(PREFIX + "models_ram_bytes", "RAM that live models hold (their CPU-resident weights)")
         held.add_metric([], retention.held_bytes(rows))
         yield held
@@ -203,10 +329,70 @@ class _StateCollector:
             cap.add_metric(["comfyui"], facts["comfyui_cap_bytes"])
         yield cap
 
+    def _holder_of(self, row):
+        leak = row.get("leak") or {}
+        return str(leak.get("holder_package") or self._holders.get(str(row["model_id"])) or UNKNOWN)
+
+    def _process(self):
+        gauge = self._pc.core.GaugeMetricFamily
+        facts = (self._process_facts or process_facts)()
+        info = gauge(PREFIX + "info", "comfy_memx is active in this process (always 1): its version and settings",
+                     labels=["version", "leak_mode", "source"])
+        info.add_metric([str(facts.get("version") or UNKNOWN), str(facts.get("leak_mode") or UNKNOWN),
+                         str(facts.get("source") or UNKNOWN)], 1)
+        yield info
+        counts = {"patched": 0, "rewrapped": 0, "skipped": 0}
+        skipped = gauge(PREFIX + "patch_skipped", "Patch sites that comfy_memx skipped in this process (always 1), "
+                        "with why", labels=["patch", "site", "reason"])
+        for site in facts.get("sites") or ():
+            state = site.get("state")
+            if state in counts:
+                counts[state] += 1
+            if state == "skipped":
+                skipped.add_metric([str(site.get("patch")), str(site.get("site")), skip_reason(site.get("reason"))], 1)
+        sites = gauge(PREFIX + "patch_sites", "Patch sites by state (patched; rewrapped: another pack replaced the "
+                      "wrapper and comfy_memx wraps the replacement; skipped)", labels=["state"])
+        for state, number in counts.items():
+            sites.add_metric([state], number)
+        yield sites
+        yield skipped
+
+
+def skip_reason(reason):
+    """A skipped site's reason as a short label: ``absent``, ``disabled``, ``not_imported`` or ``other``."""
+    text = str(reason or "")
+    if "absent" in text:
+        return "absent"
+    if "disabled" in text:
+        return "disabled"
+    if "not imported" in text:
+        return "not_imported"
+    return "other"
+
+
+def process_facts():
+    """``{"version", "leak_mode", "source", "sites"}`` of this process: comfy_memx's version, its leak mode, how it
+    was activated, and every patch site with its state (sites of patches whose target is not imported yet count
+    as skipped, as in the startup line)."""
+    from comfy_memx.core import registry
+
+    sites = registry.site_status()
+    for name, target in list(registry.table().armed.items()):
+        for site in registry.patch_of(name).sites:
+            sites.append({"patch": name, "site": site, "state": "skipped", "reason": f"{target} not imported"})
+    return {"version": __version__, "leak_mode": STATE.config.leak_mode, "source": STATE.source, "sites": sites}
+
 
 def _package(event):
     owner = event.get("owner")
     return str(owner.get("package") or "?") if isinstance(owner, dict) else "?"
+
+
+def _origin(origin):
+    """The origin of a free request as a label: its route or ``via`` (``/memx/free``, ``idle_unload``), else kind."""
+    if isinstance(origin, dict):
+        return str(origin.get("route") or origin.get("via") or origin.get("kind") or UNKNOWN)
+    return UNKNOWN
 
 
 class MetricsPart:

@@ -1,0 +1,162 @@
+"""The metrics a fleet's alerts and dashboard read: holder packages of leaks, free receipts, GB/s, the info metric,
+and label cardinality caps (issue 21)."""
+
+import pytest
+
+from comfy_memx.core import registry
+from comfy_memx.core.state import STATE
+from comfy_memx.surface import metrics
+
+parser = pytest.importorskip("prometheus_client.parser")
+
+OWNER = {"prompt_id": "p", "node_id": "1", "class_type": "MemxTinyModelLoader", "package": "loader_pack"}
+PINS = {"pinned_bytes": 0, "cap_bytes": None, "comfyui_cap_bytes": None}
+FACTS = {"version": "9.9.9", "leak_mode": "strict", "source": "launcher", "sites": [
+    {"patch": "model_management", "site": "load_models_gpu", "state": "patched", "reason": None},
+    {"patch": "model_management", "site": "unload_model_and_clones", "state": "skipped",
+     "reason": "absent in this ComfyUI"},
+    {"patch": "loader", "site": "load_torch_file", "state": "skipped", "reason": "disabled by COMFY_MEMX_DISABLE"},
+    {"patch": "model_management", "site": "free_memory", "state": "rewrapped",
+     "reason": "replaced by multigpu.free_memory (package multigpu_like); comfy_memx wraps the replacement"},
+]}
+
+
+def row(model_id, nbytes, loaded=0, state="loaded", device="cpu", package="loader_pack", leak=None):
+    return {"model": model_id.split("#")[0], "model_id": model_id, "owner": {**OWNER, "package": package},
+            "load_device": device, "loaded_bytes": loaded, "bytes": nbytes, "state": state, "leak": leak}
+
+
+def scrape(m):
+    found = {}
+    for family in parser.text_string_to_metric_families(m.exposition()[0].decode()):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def named(samples, name):
+    return {labels: value for (sample_name, labels), value in samples.items() if sample_name == name}
+
+
+def new_metrics(rows=(), facts=FACTS):
+    rows = list(rows)
+    return metrics.Metrics(model_rows=lambda: rows, pin_facts=lambda: PINS, process_facts=lambda: facts), rows
+
+
+def test_leak_counters_name_the_holding_package_and_the_loading_one():
+    m, _ = new_metrics()
+    m.observe({"event": "leak", "model_id": "Net#1", "owner": OWNER, "stage": "rooted", "reason": "new",
+               "holder_package": "memx_test_nodes"})
+    m.observe({"event": "leak_seen", "model_id": "Net#1", "owner": OWNER, "stage": "rooted"})  # holder remembered
+    m.observe({"event": "leak", "model_id": "Net#2", "owner": OWNER, "stage": "rooted", "reason": "new",
+               "holder_package": None})
+    leaks = named(scrape(m), "comfy_memx_leaks_total")
+    assert leaks == {
+        (("loader_package", "loader_pack"), ("package", "memx_test_nodes"), ("stage", "rooted")): 1,
+        (("loader_package", "loader_pack"), ("package", "unknown"), ("stage", "rooted")): 1,
+    }
+    assert named(scrape(m), "comfy_memx_leak_sightings_total") == {
+        (("loader_package", "loader_pack"), ("package", "memx_test_nodes")): 1}
+
+
+def test_leaked_bytes_are_summed_by_holder_and_forgotten_with_the_model():
+    m, rows = new_metrics([row("Net#1", 100, state="leaked"), row("Net#2", 30, state="leaked"),
+                           row("Net#3", 7, state="leaked", leak={"stage": "rooted", "holder_package": "pack_c"}),
+                           row("Vae#1", 1000, loaded=1000)])
+    m.observe({"event": "leak", "model_id": "Net#1", "owner": OWNER, "stage": "rooted", "holder_package": "pack_a"})
+    assert named(scrape(m), "comfy_memx_leaked_bytes") == {
+        (("loader_package", "loader_pack"), ("package", "pack_a")): 100,
+        (("loader_package", "loader_pack"), ("package", "unknown")): 30,
+        (("loader_package", "loader_pack"), ("package", "pack_c")): 7,
+    }
+    del rows[0]
+    scrape(m)
+    assert "Net#1" not in m.holders
+    assert (("loader_package", "loader_pack"), ("package", "pack_a")) not in named(scrape(m), "comfy_memx_leaked_bytes")
+
+
+def test_free_receipts_count_survivors_and_the_last_free_is_kept_apart():
+    m, _ = new_metrics()
+    memx_free = {"kind": "http", "route": "/memx/free", "client": "127.0.0.1"}
+    m.observe({"event": "free", "origin": memx_free, "freed_bytes": 500, "survivors": 2, "survivor_bytes": 70,
+               "memory": {"held_bytes": 70, "rss_after": 900, "trim": {"returned_bytes": 5}}})
+    m.observe({"event": "free", "origin": {"kind": "comfy_memx", "via": "idle_unload"}, "freed_bytes": 10,
+               "survivors": 0, "survivor_bytes": 0, "memory": {}})
+    s = scrape(m)
+    assert named(s, "comfy_memx_frees_total") == {(("origin", "/memx/free"),): 1, (("origin", "idle_unload"),): 1}
+    assert s[("comfy_memx_free_freed_bytes_total", (("origin", "/memx/free"),))] == 500
+    assert s[("comfy_memx_free_survivors_total", (("origin", "/memx/free"),))] == 2
+    assert s[("comfy_memx_free_survivors_total", (("origin", "idle_unload"),))] == 0
+    assert s[("comfy_memx_last_free_survivors", ())] == 0          # the idle unload came last and left none
+    assert s[("comfy_memx_last_free_bytes", (("kind", "survivors"),))] == 0
+    assert s[("comfy_memx_last_free_bytes", (("kind", "allocator_retained"),))] == 5
+
+
+def test_gb_per_s_histograms_take_only_loads_that_copied_bytes():
+    m, _ = new_metrics()
+    m.observe({"event": "load", "owner": OWNER, "bytes": 10, "seconds": 0.1, "gb_per_s": 3.0})
+    m.observe({"event": "load", "owner": OWNER, "bytes": 10, "seconds": 0.1, "gb_per_s": None})
+    m.observe({"event": "unload", "owner": OWNER, "reason": "memory_pressure", "bytes": 10, "seconds": 0.1,
+               "gb_per_s": 20.0})
+    s = scrape(m)
+    assert s[("comfy_memx_load_gbps_count", ())] == 1 and s[("comfy_memx_load_seconds_count", ())] == 2
+    assert s[("comfy_memx_load_gbps_bucket", (("le", "2.0"),))] == 0
+    assert s[("comfy_memx_load_gbps_bucket", (("le", "4.0"),))] == 1
+    assert s[("comfy_memx_offload_gbps_sum", ())] == 20.0
+
+
+def test_info_metric_and_skipped_sites_tell_where_and_how_comfy_memx_runs():
+    m, _ = new_metrics()
+    s = scrape(m)
+    assert named(s, "comfy_memx_info") == {(("leak_mode", "strict"), ("source", "launcher"), ("version", "9.9.9")): 1}
+    assert named(s, "comfy_memx_patch_sites") == {(("state", "patched"),): 1, (("state", "rewrapped"),): 1,
+                                                  (("state", "skipped"),): 2}
+    assert named(s, "comfy_memx_patch_skipped") == {
+        (("patch", "model_management"), ("reason", "absent"), ("site", "unload_model_and_clones")): 1,
+        (("patch", "loader"), ("reason", "disabled"), ("site", "load_torch_file")): 1,
+    }
+
+
+def test_process_facts_read_the_patch_table_and_count_unimported_targets_as_skipped():
+    table = registry.table()
+    table.status[("model_management", "load_models_gpu")] = ("patched", None)
+    table.armed["dynamic_pins"] = "comfy.pinned_memory"
+    facts = metrics.process_facts()
+    assert facts["version"] == metrics.__version__ and facts["leak_mode"] == STATE.config.leak_mode
+    states = {(site["patch"], site["site"]): (site["state"], metrics.skip_reason(site["reason"]))
+              for site in facts["sites"]}
+    assert states[("model_management", "load_models_gpu")] == ("patched", "other")
+    assert states[("dynamic_pins", "pin_memory")] == ("skipped", "not_imported")
+
+
+def test_package_labels_are_capped_and_the_rest_is_folded_into_other():
+    m, _ = new_metrics()
+    for number in range(metrics.MAX_PACKAGES + 5):
+        m.observe({"event": "load", "owner": {**OWNER, "package": f"pack_{number}"}, "bytes": 1, "seconds": 0.1})
+    m.observe({"event": "load", "owner": {**OWNER, "package": "pack_0"}, "bytes": 1, "seconds": 0.1})
+    loads = named(scrape(m), "comfy_memx_loads_total")
+    assert len(loads) == metrics.MAX_PACKAGES + 1
+    assert loads[(("package", "other"),)] == 5 and loads[(("package", "pack_0"),)] == 2
+    assert sum(loads.values()) == metrics.MAX_PACKAGES + 6
+
+
+def test_per_model_gauges_show_the_largest_models_and_one_other_series_per_device_and_state():
+    rows = [row(f"Net#{n}", 100 + n, loaded=100 + n, device="cuda:0" if n % 2 else "cpu")
+            for n in range(metrics.MAX_MODEL_SERIES + 6)]
+    m, _ = new_metrics(rows)
+    s = scrape(m)
+    per_model = named(s, "comfy_memx_model_loaded_bytes")
+    sizes = named(s, "comfy_memx_model_bytes")
+    assert len(per_model) == metrics.MAX_MODEL_SERIES + 2           # + "other" on cpu and on cuda:0
+    assert len(sizes) == metrics.MAX_MODEL_SERIES + 1               # + "other" in state loaded
+    assert sum(per_model.values()) == sum(r["loaded_bytes"] for r in rows)
+    assert sum(sizes.values()) == sum(r["bytes"] for r in rows)
+    assert not any(("model_id", "Net#0") in labels for labels in per_model)   # the smallest are folded
+    assert (("device", "cpu"), ("model", "other"), ("model_id", "other"), ("package", "other")) in per_model
+
+
+def test_the_exposition_has_no_created_series():
+    m, _ = new_metrics()
+    m.observe({"event": "load", "owner": OWNER, "bytes": 1, "seconds": 0.1})
+    text = m.exposition()[0].decode()
+    assert "comfy_memx_loads_total" in text and "_created" not in text
