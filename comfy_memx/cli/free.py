@@ -10,6 +10,7 @@ be reached or does not serve ``/memx/free``.  Standard library only.
 
 import argparse
 import json
+import os
 import sys
 import urllib.error
 import urllib.parse
@@ -35,11 +36,18 @@ def free_url(base_url, timeout):
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, f"timeout={timeout:g}", ""))
 
 
-def request_free(base_url, timeout, free_memory=True):
-    """POST /memx/free and return ``(http status, receipt dict)``; raises :class:`Unreachable`."""
+def request_free(base_url, timeout, free_memory=True, token=None):
+    """POST /memx/free and return ``(http status, receipt dict)``; raises :class:`Unreachable`.
+
+    ``token`` (default: ``COMFY_MEMX_TOKEN`` of this environment) is sent as ``X-Memx-Token``: a server reached
+    from another host runs the survivors' holder searches only for a caller with its token (README, Security)."""
     url = free_url(base_url, timeout)
     body = json.dumps({"unload_models": True, "free_memory": free_memory}).encode("utf-8")
-    request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    token = os.environ.get("COMFY_MEMX_TOKEN") if token is None else token
+    if token:
+        headers["X-Memx-Token"] = token
+    request = urllib.request.Request(url, data=body, method="POST", headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout + SEARCH_ALLOWANCE_S) as response:
             status, raw = response.status, response.read()

@@ -7,7 +7,7 @@ the unloads, that copied bytes: an event with ``copied: false``, as under ``--cp
 accounting and has no rate), leaks with the reference chains that held them, and pin evictions.  ``--png`` draws resident bytes
 per model over time, one lane per model (a model stays drawn as resident until an unload says otherwise, so one
 load is a band to the end of the log), with loads, unloads and leaks marked (matplotlib, an optional extra:
-``pip install comfy_memx[plot]``).
+``python -m pip install matplotlib``).
 
 A line that is not a JSON object with an ``event`` name, or whose fields have the wrong types, is counted and
 skipped; events of kinds this report does not know are counted as ``other``.  Exit status: 0, 1 when the PNG
@@ -17,11 +17,12 @@ could not be written (the text report is printed anyway), 2 when the file cannot
 import argparse
 import json
 import math
+import os
 import sys
 
 from comfy_memx.core.units import format_bytes
 
-PLOT_HINT = "pip install matplotlib  (or: pip install comfy_memx[plot])"
+PLOT_HINT = "install matplotlib into this Python environment: python -m pip install matplotlib"
 
 
 def _holder_package(event, referrers):
@@ -502,7 +503,12 @@ def main(argv):
     except OSError as exc:
         print(f"comfy_memx report: cannot read {args.events}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    print(json.dumps(report.as_dict(), indent=2) if args.json else format_text(report, args.events))
+    try:
+        print(json.dumps(report.as_dict(), indent=2) if args.json else format_text(report, args.events))
+        sys.stdout.flush()
+    except BrokenPipeError:   # ``report ... | head``: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     if args.png is None:
         return 0
     try:

@@ -46,6 +46,6 @@ def require_patches(names):
         where = f"{PACKAGE} at {', '.join(folders)} holds no patch module"
     else:
         where = f"{PACKAGE} is missing from {here}"
-    raise SetupError(f"{where}: this comfy_memx installation is incomplete (reinstall it with `pip install "
-                     f"comfy_memx` or `pip install .` from a complete checkout; in a checkout, comfy_memx/patches "
-                     f"must be the link to ../patches)")
+    raise SetupError(f"{where}: this comfy_memx installation is incomplete (reinstall it from a complete "
+                     f"checkout or its wheel: `python -m pip install --no-deps --force-reinstall path/to/comfy_memx`; "
+                     f"in a checkout, comfy_memx/patches must be the link to ../patches)")

@@ -41,6 +41,7 @@ import logging
 import sys
 import threading
 import time
+from urllib.parse import quote
 
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.state import STATE
@@ -473,6 +474,11 @@ def _write_graph(record, stage, report):
         log.warning("comfy_memx: cannot write the leak graph to %s (%s)", STATE.config.leak_graph, exc)
 
 
+def search_path(model_id):
+    """The path of the search route of one model, ready to paste (``#`` in a model_id is ``%23`` in a URL)."""
+    return f"/memx/models/{quote(model_id, safe='')}/search"
+
+
 def _log(record):
     leak = record.leak
     loaded = f"loaded by {record.owner.describe()}"
@@ -493,8 +499,8 @@ def _log(record):
             log.warning("comfy_memx:   fix (%s): %s", holder["pattern"], holder["suggestion"])
         else:
             log.warning("comfy_memx: leaked model %s, %s; the quick probe from the custom-node packages found no "
-                        "holder: run with COMFY_MEMX_LEAK_MODE=strict or POST /memx/models/%s/search for the chain",
-                        name, loaded, record.model_id)
+                        "holder: run with COMFY_MEMX_LEAK_MODE=strict or POST %s for the chain",
+                        name, loaded, search_path(record.model_id))
         return
     result = search.get("result")
     if result == "deferred":
@@ -504,7 +510,7 @@ def _log(record):
     if result == "found":
         again = " (searched again: its holders changed)" if leak["searches"] > 1 else ""
         held = f"held by package {holder['package']}, " if holder else ""
-        more = (" (the first found; POST /memx/models/%s/search lists every holder)" % record.model_id
+        more = (f" (the first found; POST {search_path(record.model_id)} lists every holder)"
                 if search.get("stopped_by") == "first_path" else
                 "" if search.get("complete") else f" (search stopped by {search.get('stopped_by')}: there may be more)")
         log.warning("comfy_memx: leaked model %s, %s%s, is held by %d reference chain(s)%s%s", name, held, loaded,
@@ -524,6 +530,6 @@ def _log(record):
         when = f"searching again in the next prompt (try {leak['tries'] + 1} of {MAX_TRIES})"
     else:
         when = (f"not searched again automatically after {leak['tries']} tries; POST "
-                f"/memx/models/{record.model_id}/search or raise COMFY_MEMX_LEAK_BUDGET")
+                f"{search_path(record.model_id)} or raise COMFY_MEMX_LEAK_BUDGET")
     log.warning("comfy_memx: leaked model %s, %s: no holder found within the budget (searched %s; stopped by %s); "
                 "%s", name, loaded, searched, search.get("stopped_by"), when)

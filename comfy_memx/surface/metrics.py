@@ -52,7 +52,7 @@ Label cardinality is capped so that a fleet can afford it: every package-like la
 :data:`MAX_MODEL_SERIES` largest models and sum the rest into one ``other`` series per device or state.  Counters
 and histograms export no ``_created`` series (one sample fewer per series; Prometheus does not read them).
 
-``prometheus_client`` is an optional extra (``pip install comfy_memx[metrics]``), imported when metrics are
+``prometheus_client`` is optional (``pip install prometheus_client`` in ComfyUI's environment), imported when metrics are
 installed, never at import of this module.
 """
 
@@ -68,7 +68,7 @@ log = logging.getLogger("comfy_memx")
 PREFIX = "comfy_memx_"
 SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 GBPS_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)
-INSTALL_HINT = "pip install prometheus_client  (or: pip install comfy_memx[metrics])"
+INSTALL_HINT = "install prometheus_client into the Python environment ComfyUI runs in: path/to/python -m pip install prometheus_client"
 MAX_PACKAGES = 40      # distinct package-like label values per process (the rest: "other")
 MAX_MODELS = 40        # distinct model names in counters
 MAX_MODEL_SERIES = 25  # models shown one by one in the per-model gauges (largest first)
