@@ -33,10 +33,12 @@ def receipt(**changes):
 class Stub(http.server.BaseHTTPRequestHandler):
     answer = (200, b"{}")
     seen = []
+    tokens = []
 
     def do_POST(self):
         length = int(self.headers.get("Content-Length") or 0)
         Stub.seen.append((self.path, json.loads(self.rfile.read(length))))
+        Stub.tokens.append(self.headers.get("X-Memx-Token"))
         status, body = Stub.answer
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -53,7 +55,7 @@ def stub():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stub)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
-    Stub.seen = []
+    Stub.seen, Stub.tokens = [], []
 
     def answer(status, payload):
         Stub.answer = (status, payload if isinstance(payload, bytes) else json.dumps(payload).encode())
@@ -143,3 +145,12 @@ def test_the_memory_figures_tell_allocator_retention_from_held_bytes():
     skipped = format_receipt({"status": "done", "memory": {**memory, "trim": {"skipped": "COMFY_MEMX_TRIM=0"},
                                                             "rss_after_trim": None}})
     assert "2.0 GiB after; malloc_trim skipped: COMFY_MEMX_TRIM=0;" in skipped[-1]
+
+
+def test_the_token_of_this_environment_is_sent_so_a_remote_receipt_gets_its_searches(stub, capsys, monkeypatch):
+    url = stub(200, receipt())
+    monkeypatch.delenv("COMFY_MEMX_TOKEN", raising=False)
+    assert free_cmd.main(["--url", url]) == 0
+    monkeypatch.setenv("COMFY_MEMX_TOKEN", "s3cret-token-of-16+chars")
+    assert free_cmd.main(["--url", url]) == 0
+    assert Stub.tokens == [None, "s3cret-token-of-16+chars"]
