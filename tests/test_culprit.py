@@ -262,3 +262,22 @@ def _waits_in(thread, function, call=None, timeout=10.0):
             return True
         time.sleep(0.005)
     return False
+
+
+@pytest.mark.parametrize("world", [("0.3.64", "strict")], indirect=True, ids=lambda p: "-".join(p))
+def test_a_cycle_capture_names_the_packs_thread_and_no_container_of_comfy_memx(world):
+    """The frames of a pack's own threads are starting points of the forward probe; a cycle capture (a backward
+    search of its own) must not keep those values in a list of ours while it scans the heap, or that list would be
+    reported as an object held from C code."""
+    from comfy_memx.leaks import holders as engine
+    mm, loader, holders, events, _ = world
+    alive = leak_all(loader, {"memx_background_worker": holders["memx_background_worker"]})
+    module = alive["memx_background_worker"]()
+    report = engine.capture_cycle(module)
+    del module
+    paths = [chain.path for chain in report.chains]
+    assert any(path.startswith("thread 'preview-loop'") for path in paths), paths
+    assert not [path for path in paths if "C-held" in path or "comfy_memx" in path], paths
+    holders["memx_background_worker"].release()
+    gc.collect()
+    assert alive["memx_background_worker"]() is None

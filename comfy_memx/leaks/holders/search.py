@@ -259,6 +259,8 @@ class Search:
         self.target_id = None
         self.module_dicts = _module_dicts() if module_dicts is None else module_dicts
         self.threads = ThreadLocals(skipped_frame_ids, comfy_root) if threads is None else threads
+        self.threads.pack_held.clear()   # the forward probe's starting points: never alive during a heap scan
+        self.threads.watched.clear()
         self.own_ids = {id(self), id(self.seen), id(self.frontier), id(self.upcoming), id(self.backlog)}
         self.own_ids.update(self.threads.snapshot_ids)
         # Frames on a live stack are reported through ThreadLocals (or skipped); on CPython 3.10 the gc also
