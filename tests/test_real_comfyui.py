@@ -35,7 +35,6 @@ Server logs, event logs and ``steps.json`` stay under pytest's temporary folder 
 """
 
 import gc
-import importlib.util
 import json
 import os
 import re
@@ -48,6 +47,8 @@ from pathlib import Path
 
 import pytest
 
+from memx_helpers import load_module
+
 REAL_COMFY_DIR = Path(__file__).parent / "real_comfy"
 TREES_ENV = "COMFY_MEMX_REAL_COMFYUI"
 PYTHON_ENV = "COMFY_MEMX_REAL_PYTHON"
@@ -55,14 +56,6 @@ CHECKPOINT_ENV = "COMFY_MEMX_REAL_CHECKPOINT"
 UNLOAD_PACK = "memx_unload_nodes"
 PATCHER_PACK = str(REAL_COMFY_DIR / "memx_multigpu_like")
 TEST_PACK = "memx_test_nodes"
-
-
-def load_module(name, path):
-    """Import a file that is not on sys.path under a private module name."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 drive = load_module("memx_real_comfy_drive", REAL_COMFY_DIR / "drive.py")

@@ -3,7 +3,6 @@ the workload against the node pack and the default workflow, survivor and census
 leaking pack's two leak patterns against a stubbed ``comfy``."""
 
 import gc
-import importlib.util
 import json
 import os
 import sys
@@ -13,16 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from memx_helpers import load_module
+
 ROOT = Path(__file__).resolve().parents[1]
 REAL_COMFY = ROOT / "tests" / "real_comfy"
 MIB = 1024 ** 2
-
-
-def load_module(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 soak = load_module("memx_bench_soak", ROOT / "bench" / "soak.py")
