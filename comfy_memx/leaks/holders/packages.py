@@ -158,13 +158,21 @@ def _custom_node_part(path, dirs):
     return None
 
 
-def custom_node_package_of_file(path):
-    """The custom-node package a source file belongs to, or ``None`` when it lies in no custom-node directory."""
+def custom_node_dirs():
+    """ComfyUI's custom-node directories, normalised (empty before ComfyUI's ``folder_paths`` is imported)."""
+    return _custom_node_dirs()
+
+
+def custom_node_package_of_file(path, dirs=None):
+    """The custom-node package a source file belongs to, or ``None`` when it lies in no custom-node directory.
+
+    ``dirs`` are ComfyUI's custom-node directories (default: read now); a caller asking for many files reads them
+    once."""
     if not isinstance(path, str) or not path:
         return None
-    dirs = _custom_node_dirs()
+    dirs = _custom_node_dirs() if dirs is None else dirs
     if "custom_nodes" not in path and not (dirs and os.path.normcase(path).startswith(tuple(dirs))):
-        return None
+        return None  # the cheap test first: almost every file fails it
     return _custom_node_part(_norm(path), dirs)
 
 
@@ -187,18 +195,12 @@ def custom_node_modules():
     .. versionadded:: 0.2
     """
     dirs = _custom_node_dirs()
-    heads = tuple(dirs)
     found = {}
     for name, module in list(sys.modules.items()):
         if not isinstance(module, ModuleType):
             continue
         namespace = module_namespace(module)
-        path = namespace.get("__file__")
-        if not isinstance(path, str) or not path:
-            continue
-        if "custom_nodes" not in path and not (heads and os.path.normcase(path).startswith(heads)):
-            continue  # the cheap test first: almost every module fails it
-        package = _custom_node_part(_norm(path), dirs)
+        package = custom_node_package_of_file(namespace.get("__file__"), dirs)
         if package is None:
             continue
         key = id(namespace)

@@ -25,8 +25,8 @@ import time
 import types
 
 from comfy_memx.leaks.holders.budget import STOP_BUDGET, Budget
-from comfy_memx.leaks.holders.packages import (custom_node_package_of_file, display_module_name, module_namespace,
-                                               package_of)
+from comfy_memx.leaks.holders.packages import (custom_node_dirs, custom_node_package_of_file, display_module_name,
+                                               module_namespace, package_of)
 
 ROOT_MODULE_GLOBAL = "module_global"
 ROOT_CLASS_ATTRIBUTE = "class_attribute"
@@ -107,6 +107,7 @@ class ThreadLocals:
         self.direct = {}         # id(value) -> strong references from live frames that the gc does not show
         self.watched = []
         self.pack_held = []
+        self._pack_dirs = custom_node_dirs()
         self._watch_ids = {id(cls) for cls in watch_types}
         names = {thread.ident: thread.name for thread in threading.enumerate()}
         me = threading.get_ident()
@@ -153,7 +154,7 @@ class ThreadLocals:
         else:
             label, module = _frame_label(thread_name, frame)
             package = None
-            in_pack = custom_node_package_of_file(frame.f_code.co_filename) is not None
+            in_pack = custom_node_package_of_file(frame.f_code.co_filename, self._pack_dirs) is not None
             for name, value in values:
                 if type(value) in _SIMPLE:
                     continue
