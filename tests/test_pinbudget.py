@@ -244,7 +244,9 @@ def test_concurrent_pins_and_unpins_keep_the_books_straight():
     stats = budget.stats()
     assert stats["per_model"] == {m: b for m, b in physical.items() if b > 0}
     assert stats["pending_evict_bytes"] == 0 and stats["peak_committed_bytes"] <= cap
-    assert stats["evictions"] > 0 and stats["refusals"] >= 2 and stats["grants"] > 100
+    # steps 1 and 2 grant 10 requests; the random step granted some too (how many depends on how finely the GIL
+    # interleaves the threads: 41 under a busy machine, hundreds on an idle one)
+    assert stats["evictions"] > 0 and stats["refusals"] >= 2 and stats["grants"] > 10
     assert sorted(contended) == [False, False, True, True, True, True]
     assert all(physical.get("warm-%d" % seed, 0) == 0 for seed in range(threads_n))  # all evicted in step 2
 
