@@ -136,6 +136,30 @@ def test_read_routes_run_on_their_own_executor(tmp_path, monkeypatch):
     assert status == 200 and threads and all(name.startswith("comfy_memx-reads") for name in threads)
 
 
+def test_concurrent_model_reads_share_one_build_and_see_every_load(tmp_path, monkeypatch):
+    builds = []
+    real = readmodel.model_rows
+
+    def counted():
+        builds.append(1)
+        return real()
+    monkeypatch.setattr(readmodel, "model_rows", counted)
+
+    async def scenario(comfy):
+        await comfy.run(leaky("a"))
+        burst = await asyncio.gather(*(comfy.get_json("/memx/models") for _ in range(12)))
+        built_for_burst = len(builds)
+        await comfy.run(leaky("b"))
+        _, after_load = await comfy.get_json("/memx/models")
+        return burst, built_for_burst, after_load
+
+    burst, built_for_burst, after_load = serve("0.27.0", tmp_path, scenario)
+    assert all(status == 200 for status, _ in burst) and len({json.dumps(rows) for _, rows in burst}) == 1
+    assert built_for_burst == 1
+    seen_in_burst = {row["model_id"] for row in burst[0][1]}
+    assert {row["model_id"] for row in after_load} - seen_in_burst   # the model loaded after the burst is listed
+
+
 DEEP = b"[" * 100000 + b"]" * 100000
 
 

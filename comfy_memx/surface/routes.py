@@ -34,7 +34,7 @@ from comfy_memx.core import registry
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.state import STATE
 from comfy_memx.sharing import handoff
-from comfy_memx.surface import access, bodies, freeing, gate, metrics, readmodel
+from comfy_memx.surface import access, answers, bodies, freeing, gate, metrics, readmodel
 from comfy_memx.surface.bodies import Field
 
 log = logging.getLogger("comfy_memx")
@@ -79,10 +79,10 @@ class Handlers:
         self.asking = False  # one /memx/handoff/request at a time
 
     async def models(self, request):
-        """GET /memx/models (rows built and serialized on the reads executor: the event loop only sends bytes)."""
+        """GET /memx/models (rows built and serialized on the reads executor once per change, shared by the requests
+        made meanwhile: ``surface.answers``; the event loop only sends bytes)."""
         from aiohttp import web
-        loop = asyncio.get_running_loop()
-        body = await loop.run_in_executor(gate.reads(), _models_body)
+        body = await answers.models_answer().get(gate.reads())
         return web.Response(body=body, content_type="application/json")
 
     async def status(self, request):
@@ -184,10 +184,6 @@ class Handlers:
         response = web.Response(body=body)
         response.headers["Content-Type"] = content_type
         return response
-
-
-def _models_body():
-    return json.dumps(readmodel.clip(readmodel.model_rows())).encode("utf-8")
 
 
 def _guard(request):
