@@ -133,16 +133,6 @@ def test_the_package_import_graph_has_no_circle():
     assert circles == []
 
 
-def test_core_imports_no_feature_and_nothing_imports_the_cli():
-    graph = import_graph()
-    features = ("comfy_memx.leaks", "comfy_memx.surface", "comfy_memx.cli", "comfy_memx.patches")
-    for name, targets in graph.items():
-        if name.startswith("comfy_memx.core"):
-            assert not [t for t in targets if t.startswith(features)], name
-        if not name.startswith(("comfy_memx.cli", "comfy_memx.__main__")):
-            assert not [t for t in targets if t.startswith("comfy_memx.cli")], name
-
-
 def test_zero_patch_modules_is_an_error_naming_the_cause():
     with pytest.raises(SetupError, match="holds no patch module|is missing"):
         discovery.require_patches(())

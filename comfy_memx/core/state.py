@@ -1,17 +1,16 @@
 """The one process-state object of comfy_memx: everything it remembers in this process, and one ``reset()``.
 
 Kept in its own module (never in ``__main__``) so that the launcher, the startup hook and the patches all see one
-copy.  The fields every wrapper reads on ComfyUI's hot paths are plain attributes (``config``, ``ledger``,
-``events``, ``publish_loads``); each feature keeps the rest of its state in a *part*, an object of its own class
-created on first use by :meth:`ProcessState.part` and dropped (after its ``close()``, if it has one) by
-:meth:`ProcessState.reset`.  So core code never imports the features, and a test resets all of comfy_memx with
-one call.
+copy.  The fields every wrapper reads on ComfyUI's hot paths are plain attributes (``config``,
+``events``, ``publish_loads``, and ``ledger``, which the ledger wing registers with :meth:`ProcessState.register`);
+each feature keeps the rest of its state in a *part*, an object of its own class created on first use by
+:meth:`ProcessState.part` and dropped (after its ``close()``, if it has one) by :meth:`ProcessState.reset`.  So core
+code never imports the features, and a test resets all of comfy_memx with one call.
 """
 
 from comfy_memx.core import errors, importhook
 from comfy_memx.core.config import DEFAULT
 from comfy_memx.core.events import EventLog
-from comfy_memx.ledger.records import Ledger
 
 
 class ProcessState:
@@ -20,12 +19,14 @@ class ProcessState:
     def __init__(self):
         self.errors = errors.POLICY
         self._parts = {}
+        self._fields = {}   # name -> factory of a hot-path field a wing registered (see register)
         self._initialize()
 
     def _initialize(self):
         self.config = DEFAULT
         self.source = None           # "launcher", "env", "auto", "api" or "demo" once bootstrapped
-        self.ledger = Ledger()
+        for name, factory in self._fields.items():
+            setattr(self, name, factory())
         self.events = EventLog()
         self.publish_loads = False   # load_models_gpu publishes LoadCalls (only the pin budget needs them)
         self.free_request_hooks = []  # callables(phase) told when the worker starts and ends a /free unload
@@ -39,6 +40,15 @@ class ProcessState:
         self.events = EventLog(cfg.events, request_rate=cfg.event_rate)
         self.errors.raise_internal = self.errors.raise_internal or cfg.raise_internal
 
+    def register(self, name, factory):
+        """Give STATE a plain attribute ``name`` made by ``factory()``, now and at every :meth:`reset`.
+
+        For a wing's store that ComfyUI's hot paths read (the ledger registers ``STATE.ledger``): core defines the
+        slot's life cycle, the wing what is in it, and core imports no wing.
+        """
+        self._fields[name] = factory
+        setattr(self, name, factory())
+
     def part(self, cls):
         """This process's instance of the feature-state class ``cls`` (created with ``cls()`` on first use)."""
         try:
@@ -51,8 +61,8 @@ class ProcessState:
         return self._parts.get(cls)
 
     def reset(self):
-        """Forget everything: close every part, drop pending import hooks, inactive default config, empty ledger,
-        no event log, production error policy.  Patches already applied stay (``registry.remove_all`` undoes them).
+        """Forget everything: close every part, drop pending import hooks, inactive default config, fresh registered
+        fields (an empty ledger), no event log, production error policy.  Patches already applied stay (``registry.remove_all`` undoes them).
         """
         parts, self._parts = list(self._parts.values()), {}
         for part in parts:

@@ -17,6 +17,7 @@ import threading
 import time
 import weakref
 
+from comfy_memx.core.state import STATE
 from comfy_memx.ledger.attribution import Owner
 
 UNLOADS_KEPT = 16
@@ -143,3 +144,6 @@ class Ledger:
 
     def __len__(self):
         return sum(1 for r in list(self._records.values()) if r.alive)
+
+
+STATE.register("ledger", Ledger)

@@ -45,7 +45,7 @@ import os
 import threading
 
 from comfy_memx.core.errors import ConfigError, internal_error
-from comfy_memx.pins.hostshare import HostRegistry, RegistryUnavailable
+from comfy_memx.core.hostshare import HostRegistry, RegistryUnavailable
 
 log = logging.getLogger("comfy_memx")
 
@@ -432,7 +432,7 @@ class PinBudget:
             internal_error("pinbudget.registry", exc)
 
     def _unavailable(self, exc):
-        """The host registry cannot be used safely (``pins.hostshare``): say so once; decisions keep this
+        """The host registry cannot be used safely (``core.hostshare``): say so once; decisions keep this
         process's cap minus the other processes' last known shares (never no cap)."""
         if not self._counters["registry_unavailable"]:
             log.warning("comfy_memx: the host pin registry cannot be used (%s); this process keeps its own cap of "
