@@ -1,16 +1,30 @@
 """The one process-state object of comfy_memx: everything it remembers in this process, and one ``reset()``.
 
 Kept in its own module (never in ``__main__``) so that the launcher, the startup hook and the patches all see one
-copy.  The fields every wrapper reads on ComfyUI's hot paths are plain attributes (``config``,
-``events``, ``publish_loads``, and ``ledger``, which the ledger wing registers with :meth:`ProcessState.register`);
-each feature keeps the rest of its state in a *part*, an object of its own class created on first use by
-:meth:`ProcessState.part` and dropped (after its ``close()``, if it has one) by :meth:`ProcessState.reset`.  So core
-code never imports the features, and a test resets all of comfy_memx with one call.
+copy.  The fields every wrapper reads on ComfyUI's hot paths are plain attributes (``config``, ``events``,
+``stacks`` (this thread's calls in progress), ``pin_budget_running``, and ``ledger``, which the ledger wing
+registers with :meth:`ProcessState.register`); each feature keeps the rest of its state in a *part*, an object of
+its own class created on first use by :meth:`ProcessState.part` and dropped (after its ``close()``, if it has one)
+by :meth:`ProcessState.reset`.  So core code never imports the features, and a test resets all of comfy_memx with
+one call.
 """
+
+import threading
 
 from comfy_memx.core import errors, importhook
 from comfy_memx.core.config import DEFAULT
 from comfy_memx.core.events import EventLog
+
+
+class ThreadStacks(threading.local):
+    """This thread's calls in progress, innermost last: ``loads`` (one ``ledger.accounting.LoadCall`` per
+    ``load_models_gpu`` call: the models it loads, who called it, what it unloaded) and ``unload_reasons`` (one
+    ``(reason, frame)`` per unload scope: ``free_memory``, ``unload_all_models``...).  The wrappers push and pop
+    them; the pin budget reads ``loads`` to spare the load in progress."""
+
+    def __init__(self):
+        self.loads = []
+        self.unload_reasons = []
 
 
 class ProcessState:
@@ -28,7 +42,8 @@ class ProcessState:
         for name, factory in self._fields.items():
             setattr(self, name, factory())
         self.events = EventLog()
-        self.publish_loads = False   # load_models_gpu publishes LoadCalls (only the pin budget needs them)
+        self.stacks = ThreadStacks()
+        self.pin_budget_running = False   # an unload settles the pin budget (pins.session turns it on)
         self.free_request_hooks = []  # callables(phase) told when the worker starts and ends a /free unload
         self.unload_requesters = []   # callables(reason) -> requested_by dict or None, asked before the call stack
 

@@ -25,7 +25,6 @@ import threading
 
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.state import STATE
-from comfy_memx.ledger import accounting
 
 log = logging.getLogger("comfy_memx")
 
@@ -53,7 +52,7 @@ class PinSession:
     def close(self):
         """Drop the budget (giving a host-scope share back) and every record of pins; ComfyUI is not touched."""
         state, self.current = self.current, None
-        accounting.publish_loads(False)
+        STATE.pin_budget_running = False
         self.local.__dict__.clear()
         self.deferred.clear()
         if state is not None and state.budget is not None:

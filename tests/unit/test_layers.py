@@ -25,7 +25,6 @@ UNIT = {**{name: "core" for name in CORE}, **{name: "entry" for name in ENTRY}}
 
 # the sideways imports between wings that are part of the design, each with why; everything else between wings fails
 ALLOWED = {
-    ("pins", "comfy_memx.ledger.accounting"): "the pin budget spares the load_models_gpu call the ledger follows",
     ("leaks", "comfy_memx.ledger"): "a leak report names who loaded the model and the prompt running now",
     ("surface", "comfy_memx.ledger"): "the read-model shows the ledger's records and reload causes",
     ("surface", "comfy_memx.leaks"): "the read-model, /memx/free and holder searches show leaks and their holders",
@@ -180,3 +179,17 @@ def test_a_module_outside_every_layer_is_named():
         assert "comfy_memx.newwing.x belongs to no layer" in str(exc)
     else:
         raise AssertionError("a module of an unknown package passed")
+
+
+def test_the_patches_call_each_wing_through_its_front_only():
+    files = module_files()
+    reached = []
+    for name, paths in files.items():
+        if not name.startswith("comfy_memx.patches"):
+            continue
+        for path in paths:
+            for line, target in imports_of(name, path, path.read_text(encoding="utf-8"), set(files)):
+                rank, unit = layer_of(target)
+                if rank == 1 and target != f"comfy_memx.{unit}.api":
+                    reached.append(f"{path}:{line}: {name} imports {target}, not comfy_memx.{unit}.api")
+    assert reached == []
