@@ -14,7 +14,7 @@ import re
 import stat
 
 from comfy_memx.core.discovery import patch_names
-from comfy_memx.core.errors import ConfigError
+from comfy_memx.core.errors import ConfigError, MemxError
 
 PREFIX = "COMFY_MEMX"
 TRUE_WORDS = ("1", "true", "yes", "on")
@@ -68,7 +68,7 @@ def _choice(words):
     return parse
 
 
-class Unusable(ValueError):
+class Unusable(MemxError, ValueError):
     """A value of the right form that cannot be used here (a folder that does not exist); says why."""
 
 

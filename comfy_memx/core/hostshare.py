@@ -41,6 +41,8 @@ import stat
 import tempfile
 import time
 
+from comfy_memx.core.errors import MemxError
+
 log = logging.getLogger("comfy_memx")
 
 REGISTRY_NAME = "comfy_memx-pins"
@@ -50,7 +52,7 @@ MAX_DATA_CHARS = 4096
 MAX_FILE_BYTES = 1 << 20
 
 
-class RegistryUnavailable(OSError):
+class RegistryUnavailable(MemxError, OSError):
     """The registry cannot be used safely here (another user owns its folder or file, a link, no lock); the message
     says which path and why.  Callers fall back to what they can decide alone (the in-process pin cap)."""
 

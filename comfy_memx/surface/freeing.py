@@ -435,10 +435,7 @@ def _search_survivors(request, survivors):
             survivor["search"] = refused
         except Exception as exc:  # a failed search leaves the survivor listed, with the error
             survivor["search"] = {"error": f"{type(exc).__name__}: {exc}"}
-            try:
-                internal_error("holder search for /memx/free", exc)
-            except Exception:
-                pass
+            internal_error("holder search for /memx/free", exc, answered=True)
     for survivor, _ in survivors[MAX_SEARCHED:]:
         survivor["search"] = {"note": f"not searched: only {MAX_SEARCHED} survivors are searched per request"}
 

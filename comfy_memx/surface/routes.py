@@ -31,7 +31,7 @@ import logging
 import math
 
 from comfy_memx.core import registry
-from comfy_memx.core.errors import internal_error
+from comfy_memx.core.errors import MemxError, internal_error
 from comfy_memx.core.state import STATE
 from comfy_memx.surface import access, bodies, freeing, gate, metrics, readmodel
 from comfy_memx.surface.bodies import Field
@@ -47,7 +47,7 @@ FREE_ALL = {"unload_models": True, "free_memory": True}
 _REGISTERED = "_comfy_memx_routes"
 
 
-class HttpError(Exception):
+class HttpError(MemxError):
     """A request the route refuses: ``status`` and a message for the error JSON (``retry_after``: seconds, sent as
     the ``Retry-After`` header of a 429)."""
 
@@ -238,10 +238,7 @@ def _guarded(name, handler):
         except bodies.BadBody as exc:
             return _json({"error": exc.kind, "message": str(exc)}, status=exc.status)
         except Exception as exc:
-            try:
-                internal_error(f"route {name}", exc)
-            except Exception:  # tests re-raise internal errors; a route still answers
-                pass
+            internal_error(f"route {name}", exc, answered=True)   # a route still answers
             return _json({"error": "internal", "message": f"{type(exc).__name__}: {exc}"}, status=500)
     guarded.__name__ = guarded.__qualname__ = f"memx_{handler.__name__}"
     return guarded
