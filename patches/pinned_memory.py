@@ -34,7 +34,7 @@ def _memx_pin_memory(mm, original, switch):
     def pin_memory(*args, **kwargs):
         if not switch.on or not pins.managing(mm):
             return original(*args, **kwargs)
-        with pins.PIN_LOCK:
+        with pins.pin_lock():
             grant = None
             try:
                 tensor = args[0] if args else kwargs["tensor"]

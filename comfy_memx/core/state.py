@@ -11,7 +11,7 @@ one call.
 
 import threading
 
-from comfy_memx.core import errors, importhook
+from comfy_memx.core import errors
 from comfy_memx.core.config import DEFAULT
 from comfy_memx.core.events import EventLog
 
@@ -32,6 +32,12 @@ class ProcessState:
 
     def __init__(self):
         self.errors = errors.POLICY
+        # Kept by reset: what is wrapped in ComfyUI's modules stays wrapped until unwrapped (registry.remove_all),
+        # and this table is what undoes it exactly; and this process's identity in host registries, whose live
+        # files it holds for as long as it lives (a reset must not make it look dead to its peers).
+        self.wrapped = {}            # (id(owner), attr) -> what core.wrapping installed there
+        self.host_identity = {}      # pid -> this process's token in host registries (core.hostshare)
+        self.host_live_locks = {}    # (pid, folder) -> the held lock of this process's live file
         self._parts = {}
         self._fields = {}   # name -> factory of a hot-path field a wing registered (see register)
         self._initialize()
@@ -76,15 +82,15 @@ class ProcessState:
         return self._parts.get(cls)
 
     def reset(self):
-        """Forget everything: close every part, drop pending import hooks, inactive default config, fresh registered
-        fields (an empty ledger), no event log, production error policy.  Patches already applied stay (``registry.remove_all`` undoes them).
+        """Forget everything: close every part (pending import hooks included), inactive default config, fresh
+        registered fields (an empty ledger), fresh thread stacks, no event log, production error policy.  Patches
+        already applied stay (``registry.remove_all`` undoes them), and so does this process's host identity.
         """
         parts, self._parts = list(self._parts.values()), {}
         for part in parts:
             close = getattr(part, "close", None)
             if close is not None:
                 close()
-        importhook.discard()
         self.events.close()
         self.errors.reset()
         self._initialize()

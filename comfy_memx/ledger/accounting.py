@@ -14,7 +14,6 @@ Nothing here walks the heap or a state dict: every figure is an attribute read t
 The outermost ``free_request`` scope is announced to ``STATE.free_request_hooks`` (``POST /memx/free`` follows it).
 """
 
-import itertools
 import sys
 import time
 import weakref
@@ -170,7 +169,7 @@ def on_unload(patcher, module, loaded_before, loaded_after, fully, seconds, refc
     requested = requested or scope_requested
     when = round(time.time(), 6)
     causes.on_unloaded(record, reason, requested, freed, when)
-    record.unload_seq = next(_unload_numbers)
+    record.unload_seq = STATE.ledger.next_unload_number()
     # ComfyUI's LoadedModel holds its patcher by weakref: after model_unload it may already be gone
     copied = copies_bytes(patcher) if patcher is not None else record.copies
     unload = {"reason": reason, "requested_by": requested, "bytes": freed, "partial": not fully, "copied": copied,
@@ -180,9 +179,6 @@ def on_unload(patcher, module, loaded_before, loaded_after, fully, seconds, refc
     record.unloads.append(unload)
     if STATE.events.wanted:
         STATE.events.emit("unload", **_identity(record), **unload)
-
-
-_unload_numbers = itertools.count()
 
 
 def loaded_entry_refs(model_management):
@@ -202,7 +198,7 @@ def loaded_entry_refs(model_management):
 def entries_snapshot(model_management):
     """What ComfyUI's ``current_loaded_models`` holds now, by weakref, with the number of the last reported unload:
     taken before a node runs, so that :func:`note_dropped` can tell what the node removed behind ComfyUI's back."""
-    return next(_unload_numbers), loaded_entry_refs(model_management)
+    return STATE.ledger.next_unload_number(), loaded_entry_refs(model_management)
 
 
 def note_dropped(model_management, snapshot, requested):

@@ -99,6 +99,7 @@ class Ledger:
         self._dead = collections.deque()  # (key, dead weakref) appended by weakref callbacks, purged under _lock
         self._lock = threading.Lock()     # never taken by a callback: see the module docstring
         self._numbers = collections.defaultdict(itertools.count)
+        self._unload_numbers = itertools.count()
 
     def record_for(self, module):
         """The record of ``module``, created on first sight (stable ``model_id`` = class name + '#' + number)."""
@@ -130,6 +131,10 @@ class Ledger:
                 self._purge()
         records = [r for r in list(self._records.values()) if r.alive]
         return sorted(records, key=lambda r: r.last_used or 0, reverse=True)
+
+    def next_unload_number(self):
+        """The next number of the process's unload sequence (``ModelRecord.unload_seq``, ``entries_snapshot``)."""
+        return next(self._unload_numbers)
 
     def containers(self):
         """The ledger's own containers, for holder searches to ignore."""

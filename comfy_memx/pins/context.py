@@ -4,7 +4,7 @@ shares, with no life cycle of its own (that is :mod:`~comfy_memx.pins.session`).
 Locks, and the one rule they follow (no lock that a garbage-collector or weakref callback can take is held while
 Python may allocate):
 
-* :data:`PIN_LOCK` (re-entrant): one pin decision at a time, from the budget's answer through the evictions to
+* the pin lock (:func:`pin_lock`, re-entrant, ``PinSession.lock``): one pin decision at a time, from the budget's answer through the evictions to
   ComfyUI's registration.  It is held while ComfyUI runs (which allocates), so no finalizer or weakref callback of
   comfy_memx ever takes it: releases seen from a finalizer (ComfyUI unpins in ``ModelPatcher.__del__``) only update
   counters and settle the budget, and the budget's own lock is handled as below.
@@ -32,12 +32,6 @@ UNATTRIBUTED = "unattributed"     # pins whose model could not be told; never ev
 PREEXISTING = "pinned_before_comfy_memx"
 REFUSED = object()                # from before_*_pin: the wrapper answers as ComfyUI does when it cannot pin
 
-# One pin decision at a time: from the budget's answer through the evictions to ComfyUI's registration (or its
-# refusal), so that no other decision sees evictions half carried out.  ComfyUI pins from one thread anyway.
-# Never taken by a finalizer or weakref callback (see the module docstring).
-PIN_LOCK = threading.RLock()
-
-
 class PinSession:
     """comfy_memx's pinned-memory state in this process (a part of the process state): the :class:`State` in force
     (``current``, None until :func:`comfy_memx.pins.session.start`), per-thread flags (``local``: ``busy`` inside the budget, ``scope`` the
@@ -48,6 +42,10 @@ class PinSession:
         self.current = None
         self.local = threading.local()
         self.deferred = collections.deque()
+        # One pin decision at a time: from the budget's answer through the evictions to ComfyUI's registration (or
+        # its refusal), so that no other decision sees evictions half carried out.  ComfyUI pins from one thread
+        # anyway.  Never taken by a finalizer or weakref callback (see the module docstring).
+        self.lock = threading.RLock()
 
     def close(self):
         """Drop the budget (giving a host-scope share back) and every record of pins; ComfyUI is not touched."""
@@ -103,6 +101,11 @@ class State:
 def session():
     """This process's :class:`PinSession`."""
     return STATE.part(PinSession)
+
+
+def pin_lock():
+    """The lock of one pin decision at a time (re-entrant); the pin wrappers hold it around ComfyUI's call."""
+    return session().lock
 
 
 def current():

@@ -17,7 +17,7 @@ from comfy_memx.core.errors import internal_error
 from comfy_memx.core.state import STATE
 from comfy_memx.core.units import format_bytes
 from comfy_memx.pins import reconcile
-from comfy_memx.pins.context import (PIN_LOCK, PREEXISTING, REFUSED, UNATTRIBUTED, PinSession,  # noqa: F401
+from comfy_memx.pins.context import (PREEXISTING, REFUSED, UNATTRIBUTED, PinSession,  # noqa: F401
                                      State, current, describe, emit_event, log, session)
 
 GIB = 1024 ** 3

@@ -26,7 +26,7 @@ PATHS = ("/memx/handoff", "/memx/handoff/request")
 _REGISTERED = "_comfy_memx_handoff_routes"
 
 
-class Handlers:
+class HandoffHandlers:
     """The hand-off handlers of one PromptServer (they need its ``prompt_queue``)."""
 
     def __init__(self, server):
@@ -70,7 +70,7 @@ def register(server):
         return served
     served = []
     if STATE.config.handoff == "host":
-        handlers = Handlers(server)
+        handlers = HandoffHandlers(server)
         server.routes.post(PATHS[0])(guarded(PATHS[0], handlers.give))
         server.routes.post(PATHS[1])(guarded(PATHS[1], handlers.ask))
         served = list(PATHS)
