@@ -12,6 +12,7 @@ pin budget), ``comfy_memx.sharing.api`` (a load short of room asks idle peers fi
 Settings: ``COMFY_MEMX_LEAK_MODE`` (off disables the cleanup_models_gc work), ``COMFY_MEMX_DISABLE=model_management``.
 """
 
+import functools
 import sys
 from time import perf_counter
 
@@ -50,15 +51,20 @@ def _memx_load_models_gpu(mm, original, switch):
     return load_models_gpu
 
 
+def _bytes_before(entry, kind):
+    """ComfyUI's ``entry`` bytes on its device before its call (0 when reading them fails: our bug, logged)."""
+    try:
+        return ledger.loaded_size(entry)
+    except Exception as exc:
+        internal_error(kind, exc)
+        return 0
+
+
 def _memx_model_load(mm, original, switch):
     def model_load(self, *args, **kwargs):
         if not switch.on:
             return original(self, *args, **kwargs)
-        try:
-            before = ledger.loaded_size(self)
-        except Exception as exc:
-            internal_error("load accounting", exc)
-            before = 0
+        before = _bytes_before(self, "load accounting")
         start = perf_counter()
         result = original(self, *args, **kwargs)
         seconds = perf_counter() - start
@@ -75,11 +81,7 @@ def _memx_model_unload(mm, original, switch):
         if not switch.on:
             return original(self, *args, **kwargs)
         module_ref = self.real_model
-        try:
-            before = ledger.loaded_size(self)
-        except Exception as exc:
-            internal_error("unload accounting", exc)
-            before = 0
+        before = _bytes_before(self, "unload accounting")
         start = perf_counter()
         result = original(self, *args, **kwargs)
         seconds = perf_counter() - start
@@ -93,12 +95,12 @@ def _memx_model_unload(mm, original, switch):
     return model_unload
 
 
-def _scoped_reason(reason, original, switch):
-    """A wrapper whose unloads have ``reason`` unless an enclosing scope already chose one."""
+def _unload_scope(original, switch, begin):
+    """A wrapper whose call is one unload scope, entered by ``begin(caller_frame)`` (its reason, who asked)."""
     def wrapper(*args, **kwargs):
         if not switch.on:
             return original(*args, **kwargs)
-        ledger.begin_unload_scope(reason, sys._getframe(1))
+        begin(sys._getframe(1))
         try:
             return original(*args, **kwargs)
         finally:
@@ -107,7 +109,8 @@ def _scoped_reason(reason, original, switch):
 
 
 def _memx_free_memory(mm, original, switch):
-    return _scoped_reason("memory_pressure", original, switch)
+    """Unloads for ``memory_pressure`` unless an enclosing scope already chose a reason."""
+    return _unload_scope(original, switch, functools.partial(ledger.begin_unload_scope, "memory_pressure"))
 
 
 def _oom_test(mm):
@@ -118,21 +121,14 @@ def _oom_test(mm):
 
 
 def _memx_unload_all_models(mm, original, switch):
+    """Unloads for ``oom``, ``free_request`` (ComfyUI's worker) or ``unload_all``."""
     oom_test = _oom_test(mm)
-
-    def unload_all_models(*args, **kwargs):
-        if not switch.on:
-            return original(*args, **kwargs)
-        ledger.begin_unload_all(sys._getframe(1), oom_test)
-        try:
-            return original(*args, **kwargs)
-        finally:
-            ledger.end_unload_scope()
-    return unload_all_models
+    return _unload_scope(original, switch, lambda caller_frame: ledger.begin_unload_all(caller_frame, oom_test))
 
 
 def _memx_unload_model_and_clones(mm, original, switch):
-    return _scoped_reason("other", original, switch)
+    """Unloads for ``other`` unless an enclosing scope already chose a reason."""
+    return _unload_scope(original, switch, functools.partial(ledger.begin_unload_scope, "other"))
 
 
 def _memx_cleanup_models_gc(mm, original, switch):

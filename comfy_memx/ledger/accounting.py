@@ -242,7 +242,8 @@ def _report_departed(model_management, refs, reported, reason, frame, requested)
         refcounts = unload_refcounts(sys.getrefcount(patcher) if patcher is not None else None,
                                      sys.getrefcount(module))
         if reason == "clone_replaced":
-            loaded = patcher.loaded_size() if patcher is not None else int(getattr(module, "model_loaded_weight_memory", 0))
+            loaded = (patcher.loaded_size() if patcher is not None
+                      else int(getattr(module, "model_loaded_weight_memory", 0)))
             note_unloaded(module_ref)
         else:
             loaded = int(getattr(module, "model_loaded_weight_memory", 0) or 0)

@@ -410,18 +410,15 @@ class PinBudget:
         """Host scope: reserve at least what is committed (adopted bytes exist whether the others like it or not)."""
         if self._registry is None or self._committed() <= self._reserved:
             return
-        try:
-            with self._registry.transaction() as entries:
-                self._reserved = -(-self._committed() // self._chunk) * self._chunk
-                entries[self._registry.me] = self._reserved
-        except RegistryUnavailable as exc:
-            self._unavailable(exc)
-        except OSError as exc:
-            internal_error("pinbudget.registry", exc)
+        self._reserve_committed()
 
     def _maybe_shrink_reservation(self):
         if self._registry is None or self._reserved - self._committed() <= 2 * self._chunk:
             return
+        self._reserve_committed()
+
+    def _reserve_committed(self):
+        """Host scope: reserve what is committed, rounded up to whole chunks, in the host registry."""
         try:
             with self._registry.transaction() as entries:
                 self._reserved = -(-self._committed() // self._chunk) * self._chunk

@@ -4,10 +4,11 @@ shares, with no life cycle of its own (that is :mod:`~comfy_memx.pins.session`).
 Locks, and the one rule they follow (no lock that a garbage-collector or weakref callback can take is held while
 Python may allocate):
 
-* the pin lock (:func:`pin_lock`, re-entrant, ``PinSession.lock``): one pin decision at a time, from the budget's answer through the evictions to
-  ComfyUI's registration.  It is held while ComfyUI runs (which allocates), so no finalizer or weakref callback of
-  comfy_memx ever takes it: releases seen from a finalizer (ComfyUI unpins in ``ModelPatcher.__del__``) only update
-  counters and settle the budget, and the budget's own lock is handled as below.
+* the pin lock (:func:`pin_lock`, re-entrant, ``PinSession.lock``): one pin decision at a time, from the budget's
+  answer through the evictions to ComfyUI's registration.  It is held while ComfyUI runs (which allocates), so no
+  finalizer or weakref callback of comfy_memx ever takes it: releases seen from a finalizer (ComfyUI unpins in
+  ``ModelPatcher.__del__``) only update counters and settle the budget, and the budget's own lock is handled as
+  below.
 * the budget's lock (inside :class:`~comfy_memx.pins.budget.PinBudget`): every call into the budget goes through
   :func:`call`, which marks this thread as inside it; a callback that arrives on this thread meanwhile (a garbage
   collection inside the budget) is queued by :func:`later_or_now` and run right after the thread leaves.

@@ -2,8 +2,8 @@
 again.
 
 Which models a load is loading comes from the model_management patch: its ``load_models_gpu`` wrapper keeps each
-call in ``STATE.stacks.loads`` (a ``LoadCall`` with the ``models`` argument) that dies when the call returns.  The budget
-protects a load (:meth:`~comfy_memx.pins.budget.PinBudget.begin_load`) from the first pin decision seen inside it
+call in ``STATE.stacks.loads`` (a ``LoadCall`` with the ``models`` argument) that dies when the call returns.  The
+budget protects a load (:meth:`~comfy_memx.pins.budget.PinBudget.begin_load`) from the first pin decision seen inside it
 until that LoadCall dies (weakref callback) or a pin is seen outside any load, whichever comes first, so no load
 outlives its call.  When the load ends the budget is settled to ComfyUI's counters, as models unloaded during the
 load dropped their pins on paths comfy_memx does not wrap.  With the model_management patch disabled, only the
