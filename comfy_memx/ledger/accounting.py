@@ -1,10 +1,10 @@
 """Turns what the model-management wrappers observe into ledger updates and ``load``/``unload`` events.
 
 Unload reasons travel down the call chain in a per-thread stack of ``(reason, frame)``
-(``STATE.stacks.unload_reasons``): ``unload_all_models``
-pushes ``unload_all``, ``free_request`` (called by ComfyUI's prompt worker for POST /free) or ``oom`` (called while
-an out-of-memory exception is being handled); ``free_memory`` pushes ``memory_pressure`` unless a caller already
-chose a reason; ``LoadedModel.model_unload`` reads the top (``other`` when called directly, e.g. by a custom node).
+(``STATE.stacks.unload_reasons``): ``unload_all_models`` pushes ``unload_all``, ``free_request`` (called by
+ComfyUI's prompt worker for POST /free) or ``oom`` (called while an out-of-memory exception is being handled);
+``free_memory`` pushes ``memory_pressure`` unless a caller already chose a reason; ``LoadedModel.model_unload`` reads
+the top (``other`` when called directly, e.g. by a custom node).
 The frame is the caller that entered the outermost scope: ``ledger.causes`` turns it into ``requested_by`` only when
 an unload really happens.  ``load_models_gpu`` calls are kept in ``STATE.stacks.loads`` (:class:`LoadCall`): the
 models being loaded (for memory-pressure causes, and for the pin budget, which spares them), the caller, and the full
