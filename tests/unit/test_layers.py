@@ -1,5 +1,6 @@
 """The package's layers, as the README's Development section draws them: core at the bottom, the wings above it,
-the patches and the command line on top, the entry modules above all; imports go down only.
+the patches and the command line on top, the entry modules above all; imports go down only, and none goes round
+in a circle.
 
 Every import in every module of ``comfy_memx/`` and ``patches/`` (and of the installed ``comfy_memx`` when the
 suite runs against a wheel) is read with ``ast``, at the top level or inside a function.  An import that climbs,
@@ -193,3 +194,27 @@ def test_the_patches_call_each_wing_through_its_front_only():
                 if rank == 1 and target != f"comfy_memx.{unit}.api":
                     reached.append(f"{path}:{line}: {name} imports {target}, not comfy_memx.{unit}.api")
     assert reached == []
+
+
+def test_the_package_import_graph_has_no_circle():
+    files = module_files()
+    graph = {name: {target for path in paths for _line, target in imports_of(name, path, path.read_text(
+        encoding="utf-8"), set(files)) if target != name} for name, paths in files.items()}
+    assert "comfy_memx.core.state" in graph and "comfy_memx.patches.model_management" in graph
+    state, stack, circles = {}, [], []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for target in sorted(graph.get(node, ())):
+            if state.get(target) == "open":
+                circles.append(stack[stack.index(target):] + [target])
+            elif target not in state:
+                visit(target)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    assert circles == []
