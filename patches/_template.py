@@ -1,10 +1,13 @@
 """Template of a comfy_memx patch module (copy this shape; the contract is in ``comfy_memx.core.patching``).
 
-What it wraps and why, which ComfyUI versions were checked, and which settings change it go in this docstring.
+What it wraps and why, which ComfyUI versions were checked, which fronts it calls and which settings change it go
+in this docstring.  A patch module holds its sites, their wrappers and one front call per event: the bookkeeping
+itself lives in the wing (``comfy_memx.<wing>.api``), never here.
 """
 
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.patching import Patch
+from comfy_memx.ledger import api as ledger
 
 
 def _memx_some_function(module, original, switch):
@@ -13,7 +16,7 @@ def _memx_some_function(module, original, switch):
             return original(*args, **kwargs)
         result = original(*args, **kwargs)
         try:
-            pass  # comfy_memx's bookkeeping
+            ledger.some_event(args, kwargs, result)  # one front call per event
         except Exception as exc:
             internal_error("some bookkeeping", exc)
         return result

@@ -41,7 +41,7 @@ def _memx_pin_memory(pm, original, switch):
         mm = sys.modules.get("comfy.model_management")
         if not switch.on or mm is None or not pins.managing(mm):
             return original(*args, **kwargs)
-        with pins.PIN_LOCK:
+        with pins.pin_lock():
             grant = None
             try:
                 module, subset = _call_parts(args, kwargs)
@@ -72,7 +72,7 @@ def _memx_get_pin(pm, original, switch):
         mm = sys.modules.get("comfy.model_management")
         if mm is None or not pins.managing(mm):
             return original(*args, **kwargs)
-        with pins.PIN_LOCK:
+        with pins.pin_lock():
             grant = None
             try:
                 grant = pins.before_reregister(module, subset)

@@ -9,13 +9,15 @@ Sites:
   synchronously);
 * ``get_output_data`` (one node's run, 0.3.64, 0.27.0 and 0.33.0): entries that the node removed from
   ``current_loaded_models`` behind ComfyUI's back (no unload reported) become unloads of reason ``dropped``
-  asked for by that node (``comfy_memx.ledger.accounting.note_dropped``); costs a weakref snapshot of the few
-  loaded entries per node, nothing when none is loaded;
+  asked for by that node (``comfy_memx.ledger.api.node_ended``); costs a weakref snapshot of the few loaded
+  entries per node, nothing when none is loaded;
 * ``PromptQueue.set_flag`` / ``PromptQueue.get_flags`` and ``PromptExecutor.reset``: follow a ``/memx/free`` request
   to the worker run that reads its flags and through that run's cache reset (``comfy_memx.surface.freeing``).
   With no request waiting they only check one attribute.  # COMFY: ``PromptQueue.mutex`` is an ``RLock`` that
   ``set_flag`` and ``get_flags`` take (0.3.64, 0.27.0, 0.33.0); the ``get_flags`` wrapper holds it around the call.
 
+Fronts called: ``comfy_memx.ledger.api`` (prompts, nodes, who set a free flag), ``comfy_memx.sharing.api``
+(activity, for the idle unload), ``comfy_memx.surface.api`` (the free-request desk).
 Settings: ``COMFY_MEMX_DISABLE=execution`` (no class_type in owners; ``/memx/free`` cannot follow the worker).
 """
 
@@ -25,9 +27,9 @@ import sys
 from comfy_memx.core import registry
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.patching import Patch
-from comfy_memx.ledger import accounting, attribution, causes
-from comfy_memx.sharing import activity
-from comfy_memx.surface import freeing
+from comfy_memx.ledger import api as ledger
+from comfy_memx.sharing import api as sharing
+from comfy_memx.surface import api as surface
 
 
 def _prompt_arguments(args, kwargs):
@@ -47,9 +49,8 @@ def _begin(args, kwargs):
     _audit_sites()
     try:
         prompt, prompt_id = _prompt_arguments(args, kwargs)
-        attribution.begin_prompt(prompt_id, prompt)
-        causes.note_prompt(prompt_id)
-        activity.prompt_started()
+        ledger.prompt_started(prompt_id, prompt)
+        sharing.prompt_started()
     except Exception as exc:
         internal_error("prompt attribution", exc)
 
@@ -63,8 +64,8 @@ def _memx_execute_async(module, original, switch):
             try:
                 return await original(self, *args, **kwargs)
             finally:
-                attribution.end_prompt()
-                activity.prompt_ended()
+                ledger.prompt_ended()
+                sharing.prompt_ended()
         return execute_async
 
     def execute_async_sync(self, *args, **kwargs):
@@ -74,32 +75,25 @@ def _memx_execute_async(module, original, switch):
         try:
             return original(self, *args, **kwargs)
         finally:
-            attribution.end_prompt()
-            activity.prompt_ended()
+            ledger.prompt_ended()
+            sharing.prompt_ended()
     return execute_async_sync
 
 
-def _node_requester(args, kwargs):
-    """``requested_by`` of the node that ``get_output_data(prompt_id, unique_id, obj, ...)`` runs."""
+def _node_arguments(args, kwargs):
+    """``(prompt_id, node_id, node)`` of a ``get_output_data(prompt_id, unique_id, obj, ...)`` call."""
     prompt_id = args[0] if args else kwargs.get("prompt_id")
     node_id = args[1] if len(args) > 1 else kwargs.get("unique_id")
     node = args[2] if len(args) > 2 else kwargs.get("obj")
-    module = sys.modules.get(type(node).__module__)
-    package = attribution.package_of_file(getattr(module, "__file__", None) or "")
-    owner = attribution.current_owner()
-    class_type = owner.class_type if str(owner.node_id) == str(node_id) else type(node).__name__
-    if package is None:
-        return {"kind": "comfyui", "via": "node", "prompt_id": prompt_id, "node_id": str(node_id),
-                "class_type": class_type}
-    return {"kind": "node", "prompt_id": prompt_id, "node_id": str(node_id), "class_type": class_type,
-            "package": package}
+    return prompt_id, node_id, node
 
 
 def _memx_get_output_data(module, original, switch):
     def watch(args, kwargs):
         mm = sys.modules.get("comfy.model_management")
         try:
-            return (mm, accounting.entries_snapshot(mm)) if mm is not None and mm.current_loaded_models else None
+            snapshot = ledger.node_starting(mm)
+            return (mm, snapshot) if snapshot is not None else None
         except Exception as exc:
             internal_error("dropped-entry tracking", exc)
             return None
@@ -110,7 +104,7 @@ def _memx_get_output_data(module, original, switch):
             return
         try:
             mm, snapshot = watched
-            accounting.note_dropped(mm, snapshot, _node_requester(args, kwargs))
+            ledger.node_ended(mm, snapshot, *_node_arguments(args, kwargs))
         except Exception as exc:
             internal_error("dropped-entry tracking", exc)
 
@@ -141,8 +135,8 @@ def _memx_set_flag(module, original, switch):
         if switch.on:
             try:
                 name = args[0] if args else kwargs.get("name")
-                freeing.flag_set(self, name)
-                causes.note_flag_set(name, sys._getframe(1))
+                surface.flag_set(self, name)
+                ledger.flag_set(name, sys._getframe(1))
             except Exception as exc:
                 internal_error("free flag tracking", exc)
         return original(self, *args, **kwargs)
@@ -153,9 +147,9 @@ def _memx_get_flags(module, original, switch):
     def get_flags(self, *args, **kwargs):
         if not switch.on:
             return original(self, *args, **kwargs)
-        flags = freeing.read_flags(self, original, args, kwargs)
+        flags = surface.read_flags(self, original, args, kwargs)
         try:
-            causes.flags_served(flags)
+            ledger.flags_served(flags)
         except Exception as exc:
             internal_error("free flag tracking", exc)
         return flags
@@ -167,7 +161,7 @@ def _memx_reset(module, original, switch):
         result = original(self, *args, **kwargs)
         if switch.on:
             try:
-                freeing.reset_ended()
+                surface.reset_ended()
             except Exception as exc:
                 internal_error("free request tracking", exc)
         return result

@@ -34,7 +34,7 @@ def _memx_pin_memory(mm, original, switch):
     def pin_memory(*args, **kwargs):
         if not switch.on or not pins.managing(mm):
             return original(*args, **kwargs)
-        with pins.PIN_LOCK:
+        with pins.pin_lock():
             grant = None
             try:
                 tensor = args[0] if args else kwargs["tensor"]
@@ -97,38 +97,32 @@ def _booked(original, reason, call_args, call_kwargs):
             internal_error("pin eviction bookkeeping", exc)
 
 
-def _memx_free_registrations(mm, original, switch):
-    def free_registrations(*args, **kwargs):
+def _mru_instead(mm, original, switch, parameters, defaults, reason, mru):
+    """A wrapper of one of ComfyUI's eviction walks: where the pin budget reorders eviction it runs ``mru`` (the
+    most-recently-used walk that spares the load in progress) on the call's ``parameters``; otherwise, or when that
+    fails, ComfyUI's own walk, booked as evictions of ``reason``."""
+    def evict(*args, **kwargs):
         if not switch.on or not pins.managing(mm):
             return original(*args, **kwargs)
-        call = None
-        if pins.reorders_eviction(mm):
-            call = _arguments(args, kwargs, ("shortfall", "evict_active"), {"evict_active": True})
+        call = _arguments(args, kwargs, parameters, defaults) if pins.reorders_eviction(mm) else None
         if call is None:
-            return _booked(original, "cap", args, kwargs)
+            return _booked(original, reason, args, kwargs)
         try:
-            return pins.free_registrations_mru(mm, *call)
+            return mru(mm, *call)
         except Exception as exc:
-            internal_error("MRU free_registrations", exc)
-            return _booked(original, "cap", args, kwargs)
-    return free_registrations
+            internal_error(f"MRU {original.__name__}", exc)
+            return _booked(original, reason, args, kwargs)
+    return evict
+
+
+def _memx_free_registrations(mm, original, switch):
+    return _mru_instead(mm, original, switch, ("shortfall", "evict_active"), {"evict_active": True}, "cap",
+                        pins.free_registrations_mru)
 
 
 def _memx_free_pins(mm, original, switch):
-    def free_pins(*args, **kwargs):
-        if not switch.on or not pins.managing(mm):
-            return original(*args, **kwargs)
-        call = None
-        if pins.reorders_eviction(mm):
-            call = _arguments(args, kwargs, ("size", "evict_active"), {"evict_active": False})
-        if call is None:
-            return _booked(original, "ram_pressure", args, kwargs)
-        try:
-            return pins.free_pins_mru(mm, *call)
-        except Exception as exc:
-            internal_error("MRU free_pins", exc)
-            return _booked(original, "ram_pressure", args, kwargs)
-    return free_pins
+    return _mru_instead(mm, original, switch, ("size", "evict_active"), {"evict_active": False}, "ram_pressure",
+                        pins.free_pins_mru)
 
 
 def _memx_free_model_pins(mm, original, switch):

@@ -7,36 +7,28 @@ ours at the start of ``add_routes`` puts them on the same port, after every cust
 another pack serves is seen and left alone (comfy_memx's then lives at ``/memx/metrics`` only).  Checked against
 ComfyUI 0.3.64 (server.py :796) and 0.27.0 (:1202).  Patching also subscribes the Prometheus metrics to the event
 stream, so they count from the first load (``comfy_memx.surface.metrics``; off without prometheus_client).
-Handlers live in ``comfy_memx.surface.routes``, the /memx/free logic in ``comfy_memx.surface.freeing``.
+Fronts called: ``comfy_memx.surface.api`` (routes, metrics, the worker's unload) and ``comfy_memx.sharing.api``
+(its own hand-off routes, the idle unload and the hand-off registration, when configured).
 Settings: ``COMFY_MEMX_DISABLE=server`` (no routes, no metrics), ``COMFY_MEMX_LEAK_BUDGET`` (the holder search of
 each survivor in a /memx/free receipt).
 """
 
-import sys
-
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.patching import Patch
+from comfy_memx.sharing import api as sharing
+from comfy_memx.surface import api as surface
 
 
 def _memx_add_routes(module, original, switch):
     def add_routes(self, *args, **kwargs):
         if switch.on:
             try:
-                from comfy_memx.surface import routes
-                routes.register(self)
-                _start_services(self)
+                surface.serve(self)
+                sharing.serve(self, unload=surface.unload_now)
             except Exception as exc:
                 internal_error("registering comfy_memx routes", exc)
         return original(self, *args, **kwargs)
     return add_routes
-
-
-def _start_services(server):
-    """The server's background services: the idle unload and the GPU hand-off registration (when configured)."""
-    from comfy_memx.sharing import handoff, idle
-    idle.start(server.prompt_queue)
-    cli_args = sys.modules.get("comfy.cli_args")
-    handoff.start_safely(getattr(getattr(cli_args, "args", None), "port", None))
 
 
 class ServerPatch(Patch):
@@ -49,15 +41,13 @@ class ServerPatch(Patch):
     def after_patch(self, module):
         """Start the metrics, so that they count from the first load."""
         try:
-            from comfy_memx.surface import metrics
-            metrics.install()
+            surface.start_metrics()
         except Exception as exc:
             internal_error("starting comfy_memx metrics", exc)
 
     def before_unpatch(self, module):
         """Stop the metrics (routes already served stay until restart)."""
-        from comfy_memx.surface import metrics
-        metrics.uninstall()
+        surface.stop_metrics()
 
 
 PATCH = ServerPatch()

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from comfy_memx.pins import hostshare
+from comfy_memx.core import hostshare
 from comfy_memx.pins.budget import PinBudget
-from comfy_memx.pins.hostshare import HostRegistry, RegistryUnavailable
+from comfy_memx.core.hostshare import HostRegistry, RegistryUnavailable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 1024 ** 2
@@ -130,7 +130,7 @@ def test_invalid_entries_are_dropped_and_never_raise_the_cap(tmp_path, caplog, e
 WORKER = textwrap.dedent("""
     import json, sys
     from comfy_memx.pins.budget import PinBudget
-    from comfy_memx.pins.hostshare import HostRegistry
+    from comfy_memx.core.hostshare import HostRegistry
     budget = PinBudget(int(sys.argv[2]), scope="host", registry=HostRegistry(sys.argv[1]), host_chunk_bytes=1024)
     print("ready", flush=True)
     for line in sys.stdin:

@@ -268,7 +268,7 @@ def test_is_loopback_covers_v4_v6_and_mapped_addresses():
 
 def test_a_hung_peer_holds_neither_the_reads_nor_a_second_handoff_request(tmp_path, monkeypatch):
     import socket
-    from comfy_memx.pins.hostshare import Peer
+    from comfy_memx.core.hostshare import Peer
     from comfy_memx.sharing import handoff
     hung = socket.socket()
     hung.bind(("127.0.0.1", 0))

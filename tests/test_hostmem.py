@@ -49,7 +49,7 @@ class FakeHost:
 
 @pytest.fixture
 def fake(tmp_path, monkeypatch):
-    monkeypatch.setattr(hostmem, "_warned", set())
+    monkeypatch.setattr(hostmem._probe_part(), "warned", set())  # the warnings already logged (moved into STATE)
     return FakeHost(tmp_path)
 
 

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 from comfy_memx.core.state import STATE
 from comfy_memx.core import wrapping
 from comfy_memx.core.events import EventLog
-from comfy_memx.patches import loader as loader_patch
+from comfy_memx.ledger import fileloads as loader_patch
 from fake_comfy.loader import make_patcher
 from memx_helpers import memx_on, read_events
 

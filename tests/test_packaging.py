@@ -3,7 +3,6 @@
 Users install a wheel (``pip install .``, a Dockerfile) or run from a checkout; the tests must see what they see.
 """
 
-import ast
 import os
 import shutil
 import subprocess
@@ -66,81 +65,6 @@ def test_the_suite_runs_against_the_install_kind_ci_asked_for():
         assert here.parent == ROOT / "comfy_memx", here
     else:
         pytest.skip("MEMX_TEST_INSTALL is not set (.ci/run sets it for the editable and the wheel runs)")
-
-
-def _imports(path, package):
-    """The comfy_memx modules that the file at ``path`` imports anywhere (top level or inside functions)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names if alias.name.startswith("comfy_memx"))
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                module = f"{base}.{node.module}" if node.module else base
-            else:
-                module = node.module or ""
-            if module.startswith("comfy_memx"):
-                found.update(f"{module}.{alias.name}" for alias in node.names)
-                found.add(module)
-    return found
-
-
-def import_graph():
-    """module -> the package modules it imports (an imported name that is not a module counts as its module)."""
-    modules = {}
-    for folder, prefix in ((ROOT / "comfy_memx", ("comfy_memx",)), (ROOT / "patches", ("comfy_memx", "patches"))):
-        for path in folder.rglob("*.py"):
-            if "__pycache__" in path.parts or "demo_world" in path.parts:
-                continue
-            parts = list(prefix + path.relative_to(folder).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            modules[".".join(parts)] = path
-    graph = {}
-    for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        targets = set()
-        for imported in _imports(path, package):
-            while imported and imported not in modules:
-                imported = imported.rpartition(".")[0]
-            if imported and imported != name:
-                targets.add(imported)
-        graph[name] = targets
-    return graph
-
-
-def test_the_package_import_graph_has_no_circle():
-    graph = import_graph()
-    assert "comfy_memx.core.state" in graph and "comfy_memx.patches.model_management" in graph
-    state, stack, circles = {}, [], []
-
-    def visit(node):
-        state[node] = "open"
-        stack.append(node)
-        for target in sorted(graph[node]):
-            if state.get(target) == "open":
-                circles.append(stack[stack.index(target):] + [target])
-            elif target not in state:
-                visit(target)
-        stack.pop()
-        state[node] = "done"
-
-    for node in sorted(graph):
-        if node not in state:
-            visit(node)
-    assert circles == []
-
-
-def test_core_imports_no_feature_and_nothing_imports_the_cli():
-    graph = import_graph()
-    features = ("comfy_memx.leaks", "comfy_memx.surface", "comfy_memx.cli", "comfy_memx.patches")
-    for name, targets in graph.items():
-        if name.startswith("comfy_memx.core"):
-            assert not [t for t in targets if t.startswith(features)], name
-        if not name.startswith(("comfy_memx.cli", "comfy_memx.__main__")):
-            assert not [t for t in targets if t.startswith("comfy_memx.cli")], name
 
 
 def test_zero_patch_modules_is_an_error_naming_the_cause():

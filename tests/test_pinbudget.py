@@ -18,9 +18,9 @@ from comfy_memx.core.state import STATE
 from comfy_memx.core import errors
 from comfy_memx.pins import budget as pinbudget
 from comfy_memx.core.errors import ConfigError
-from comfy_memx.pins import hostshare
+from comfy_memx.core import hostshare
 from comfy_memx.pins.budget import PinBudget
-from comfy_memx.pins.hostshare import HostRegistry
+from comfy_memx.core.hostshare import HostRegistry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -299,7 +299,7 @@ def test_default_registry_path_prefers_the_runtime_dir(tmp_path, monkeypatch):
 WORKER = textwrap.dedent("""
     import json, sys
     from comfy_memx.pins.budget import PinBudget
-    from comfy_memx.pins.hostshare import HostRegistry
+    from comfy_memx.core.hostshare import HostRegistry
     budget = PinBudget(int(sys.argv[2]), scope="host", registry=HostRegistry(sys.argv[1]), host_chunk_bytes=10)
     print("ready", flush=True)
     for line in sys.stdin:
@@ -384,7 +384,7 @@ def test_host_scope_evicts_only_its_own_pins(tmp_path):
 
 PEER = textwrap.dedent("""
     import sys, time
-    from comfy_memx.pins.hostshare import HostRegistry
+    from comfy_memx.core.hostshare import HostRegistry
     HostRegistry(sys.argv[1]).publish(5, device="cuda:0", port=8188)
     print("ready", flush=True)
     time.sleep(60)

@@ -475,7 +475,7 @@ def test_host_scope_shares_the_cap_through_the_registry(tmp_path, monkeypatch):
         assert pinning.budget().scope == "host"
         registry = pinning.budget()._registry
         assert registry.entries().get(registry.me, 0) >= 4 * MiB
-    from comfy_memx.pins.hostshare import HostRegistry
+    from comfy_memx.core.hostshare import HostRegistry
     assert registry.me not in HostRegistry(str(tmp_path / "comfy_memx-pins.json")).entries()
 
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from comfy_memx.core.state import STATE
-from comfy_memx.pins.hostshare import Peer
+from comfy_memx.core.hostshare import Peer
 from comfy_memx.sharing import handoff
 from fake_comfy.loader import PACKS_DIR, shape_root
 from memx_helpers import memx_on, read_events

@@ -16,6 +16,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from comfy_memx.core.errors import MemxError
 from comfy_memx.core.units import format_bytes
 
 DEFAULT_URL = "http://127.0.0.1:8188"
@@ -23,7 +24,7 @@ SEARCH_ALLOWANCE_S = 60.0   # added to --timeout for the server's holder searche
 UNREACHABLE = 2
 
 
-class Unreachable(Exception):
+class Unreachable(MemxError):
     """The server did not answer /memx/free usefully; the message says why."""
 
 

@@ -10,6 +10,8 @@ import os
 import runpy
 import sys
 
+from comfy_memx.core.errors import MemxError
+
 COMMANDS = {
     "demo": "comfy_memx.cli.demo",
     "doctor": "comfy_memx.cli.doctor",
@@ -30,7 +32,7 @@ options (each is also an environment variable):
 """
 
 
-class UsageError(Exception):
+class UsageError(MemxError):
     """Bad launcher command line; the message is shown with exit status 2."""
 
 
@@ -123,7 +125,6 @@ def main(argv=None):
         sys.exit(2)
     os.environ.update(settings)
     from comfy_memx.core.bootstrap import bootstrap
-    from comfy_memx.core.errors import MemxError
     try:
         cfg = bootstrap("launcher")
     except MemxError as exc:

@@ -314,6 +314,14 @@ def read_events(path):
     return report
 
 
+
+def _section(lines, title, rows, empty, line_of):
+    """Append a titled section to ``lines``: one indented line per row (``line_of(row)``), or ``empty``."""
+    lines += ["", title]
+    lines.extend("  " + line_of(row) for row in rows)
+    if not rows:
+        lines.append("  " + empty)
+
 def format_text(report, path):
     """The human-readable report."""
     data = report.as_dict()
@@ -341,18 +349,12 @@ def format_text(report, path):
                     lines.append(f"        fix ({chain['pattern']}): {chain['suggestion']}")
     if not data["models"]:
         lines.append("  (no model events)")
-    lines += ["", "leaks by package and holder pattern"]
-    for row in data["leak_patterns"]:
-        lines.append(f"  {row['package']}: {row['pattern']} ({row['models']} model(s), {row['chains']} chain(s))"
-                     f" - {row['suggestion']}")
-    if not data["leak_patterns"]:
-        lines.append("  (no classified holder chains)")
-    lines += ["", "reload time by cause (an unload whose weights were loaded again later)"]
-    for row in data["reload_causes"]:
-        lines.append(f"  {row['cause']} caused {row['reloads']} reload(s) of {row['model']}, "
-                     f"{row['seconds']:.1f} s ({format_bytes(row['bytes'])})")
-    if not data["reload_causes"]:
-        lines.append("  (no reloads)")
+    _section(lines, "leaks by package and holder pattern", data["leak_patterns"], "(no classified holder chains)",
+             lambda row: f"{row['package']}: {row['pattern']} ({row['models']} model(s), {row['chains']} chain(s))"
+                         f" - {row['suggestion']}")
+    _section(lines, "reload time by cause (an unload whose weights were loaded again later)", data["reload_causes"],
+             "(no reloads)", lambda row: f"{row['cause']} caused {row['reloads']} reload(s) of {row['model']}, "
+                                         f"{row['seconds']:.1f} s ({format_bytes(row['bytes'])})")
     if data["thrash_warnings"]:
         lines.append(f"  {data['thrash_warnings']} thrash warning(s): a model reloaded in every one of the last prompts")
     lines += ["", "per package"]

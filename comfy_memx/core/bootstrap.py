@@ -30,6 +30,7 @@ def bootstrap(source, environ=None):
     if STATE.source is not None:
         return STATE.config
     require_patches(config.PATCH_NAMES)
+    registry.load_patches()  # their wings register their setting checks and state fields before the parse
     try:
         cfg = config.parse(environ)
     except ConfigError as exc:

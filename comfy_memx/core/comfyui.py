@@ -1,5 +1,5 @@
-"""Which ComfyUI comfy_memx runs in (its version, read without importing anything of ComfyUI), and which
-custom-node package a source file belongs to."""
+"""Which ComfyUI comfy_memx runs in (its version, read without importing anything of ComfyUI), which
+custom-node package a source file belongs to, and whether ComfyUI's prompt queue has work."""
 
 import ast
 import os
@@ -48,3 +48,11 @@ def package_of_file(filename):
             name = parts[i + 1]
             return name[:-3] if name.endswith(".py") else name
     return None
+
+
+def queue_busy(queue):
+    """True when ComfyUI's prompt queue has a prompt running or waiting (read under the queue's own mutex)."""
+    if queue is None:
+        return False
+    with queue.mutex:
+        return bool(getattr(queue, "queue", None) or getattr(queue, "currently_running", None))

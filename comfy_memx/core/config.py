@@ -14,8 +14,7 @@ import re
 import stat
 
 from comfy_memx.core.discovery import patch_names
-from comfy_memx.core.errors import ConfigError
-from comfy_memx.pins.cap import ACCEPTED_FORMS as PIN_LIMIT_FORMS, check_form as check_pin_limit_form
+from comfy_memx.core.errors import ConfigError, MemxError
 
 PREFIX = "COMFY_MEMX"
 TRUE_WORDS = ("1", "true", "yes", "on")
@@ -69,7 +68,7 @@ def _choice(words):
     return parse
 
 
-class Unusable(ValueError):
+class Unusable(MemxError, ValueError):
     """A value of the right form that cannot be used here (a folder that does not exist); says why."""
 
 
@@ -129,11 +128,29 @@ def _patch_list(text):
     return names
 
 
+PIN_LIMIT_FORMS = ("bytes with a unit (12GiB, 800MB, 1.5GB; units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), "
+                   "a plain number of bytes (1073741824), a percentage of RAM (30%), 'off' (no pinning) or 'auto'")
+_FORM_CHECKS = {}   # setting field -> check(text) registered by the wing that owns the setting (register_check)
+
+
+def register_check(field, check):
+    """Let the wing that owns setting ``field`` check its values' form when the settings are parsed.
+
+    ``check(text)`` raises :class:`ConfigError` (or ValueError) for a value of a bad form.  The pin wing registers
+    the ``COMFY_MEMX_PIN_LIMIT`` parser this way, so core imports no wing; the bootstrap imports the patch modules,
+    and with them the wings, before it parses.  Without a registered check the value is kept as given (the wing
+    that would use it is not installed).
+    """
+    _FORM_CHECKS[field] = check
+
+
 def _pin_limit(text):
-    try:
-        check_pin_limit_form(text)  # the form only: the cap is resolved against the host when pinning starts
-    except ConfigError:
-        raise ValueError(text) from None
+    check = _FORM_CHECKS.get("pin_limit")
+    if check is not None:
+        try:
+            check(text)  # the form only: the cap is resolved against the host when pinning starts
+        except ConfigError:
+            raise ValueError(text) from None
     return text.strip()
 
 

@@ -51,13 +51,15 @@ class ErrorPolicy:
 POLICY = ErrorPolicy()
 
 
-def internal_error(kind, exc):
+def internal_error(kind, exc, answered=False):
     """Report a bug in comfy_memx's own bookkeeping without disturbing ComfyUI.
 
     Logs the first error of each ``kind`` with its traceback and ignores repeats, so a broken hook cannot flood
-    the log on every load.  Re-raises when the policy says so (tests, ``COMFY_MEMX_RAISE_INTERNAL``).
+    the log on every load.  Re-raises when the policy says so (tests, ``COMFY_MEMX_RAISE_INTERNAL``), unless
+    ``answered``: the caller turns the error into its answer (a route's 500 error JSON, a receipt's ``error``
+    field), where a test sees it as data, so raising would only replace that answer with a worse one.
     """
-    if POLICY.raise_internal:
+    if POLICY.raise_internal and not answered:
         raise exc
     if kind in POLICY.reported_kinds:
         return

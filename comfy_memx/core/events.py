@@ -36,7 +36,7 @@ import threading
 import time
 import weakref
 
-from comfy_memx.core.errors import internal_error
+from comfy_memx.core.errors import MemxError, internal_error
 
 log = logging.getLogger("comfy_memx")
 
@@ -47,7 +47,7 @@ OPEN_FLAGS = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK",
 QUEUE_LIMIT = 10000    # lines waiting for the writer thread; beyond it they are dropped and counted
 
 
-class NotRegular(OSError):
+class NotRegular(MemxError, OSError):
     """The events path is not a regular file (a FIFO, socket or device appeared there)."""
 
 

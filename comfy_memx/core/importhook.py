@@ -4,24 +4,36 @@ comfy_memx must not import ``comfy.*`` (or torch) before ComfyUI's main.py does:
 its first import and main.py sets CUDA environment variables before torch loads.  So instead of importing the
 targets, :func:`when_imported` puts a finder on ``sys.meta_path`` that wraps the real loader of the watched module
 and calls the callback after the module body ran (the wrapt ``when_imported`` idea).  If the module is already
-imported, the callback runs at once.  A callback that raises is reported and never breaks the import.
+imported, the callback runs at once.  A callback that raises is reported and never breaks the import.  The pending
+callbacks are a part of the process state (:class:`PendingHooks`), dropped by ``STATE.reset()``.
 """
 
 import sys
 import threading
 
 from comfy_memx.core.errors import internal_error
+from comfy_memx.core.state import STATE
 
-_callbacks = {}
-_lock = threading.RLock()
+
+class PendingHooks:
+    """The callbacks waiting for their module's import, by module name (a part of the process state)."""
+
+    def __init__(self):
+        self.callbacks = {}
+        self.lock = threading.RLock()
+
+
+def _pending():
+    return STATE.part(PendingHooks)
 
 
 def when_imported(name, callback):
     """Call ``callback(module)`` once module ``name`` has been imported (now, if it already is)."""
-    with _lock:
+    hooks = _pending()
+    with hooks.lock:
         module = sys.modules.get(name)
         if module is None:
-            _callbacks.setdefault(name, []).append(callback)
+            hooks.callbacks.setdefault(name, []).append(callback)
             _install_finder()
             return
     _run(callback, module)
@@ -29,17 +41,19 @@ def when_imported(name, callback):
 
 def discard(name=None):
     """Forget pending callbacks for ``name`` (all names when None); used when comfy_memx is switched off."""
-    with _lock:
+    hooks = _pending()
+    with hooks.lock:
         if name is None:
-            _callbacks.clear()
+            hooks.callbacks.clear()
         else:
-            _callbacks.pop(name, None)
+            hooks.callbacks.pop(name, None)
 
 
 def pending():
     """Names of modules that still have callbacks waiting for their import."""
-    with _lock:
-        return sorted(_callbacks)
+    hooks = _pending()
+    with hooks.lock:
+        return sorted(hooks.callbacks)
 
 
 def _run(callback, module):
@@ -50,8 +64,11 @@ def _run(callback, module):
 
 
 def _fire(module):
-    with _lock:
-        callbacks = _callbacks.pop(module.__name__, [])
+    hooks = STATE.existing_part(PendingHooks)
+    if hooks is None:
+        return
+    with hooks.lock:
+        callbacks = hooks.callbacks.pop(module.__name__, [])
     for callback in callbacks:
         _run(callback, module)
 
@@ -65,7 +82,8 @@ class _PostImportFinder:
     """Meta-path finder that only answers for watched module names, delegating the real search to the others."""
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname not in _callbacks:
+        hooks = STATE.existing_part(PendingHooks)
+        if hooks is None or fullname not in hooks.callbacks:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):

@@ -42,6 +42,11 @@ def patch_of(name):
     return importlib.import_module(f"comfy_memx.patches.{name}").PATCH
 
 
+def load_patches():
+    """Import every patch module (and so the wings they call, which register with core); returns their PATCHes."""
+    return [patch_of(name) for name in PATCH_NAMES]
+
+
 def arm(cfg):
     """Register post-import hooks for every enabled patch (applied at once if the target is already imported)."""
     patches = table()

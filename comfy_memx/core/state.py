@@ -1,17 +1,30 @@
 """The one process-state object of comfy_memx: everything it remembers in this process, and one ``reset()``.
 
 Kept in its own module (never in ``__main__``) so that the launcher, the startup hook and the patches all see one
-copy.  The fields every wrapper reads on ComfyUI's hot paths are plain attributes (``config``, ``ledger``,
-``events``, ``publish_loads``); each feature keeps the rest of its state in a *part*, an object of its own class
-created on first use by :meth:`ProcessState.part` and dropped (after its ``close()``, if it has one) by
-:meth:`ProcessState.reset`.  So core code never imports the features, and a test resets all of comfy_memx with
+copy.  The fields every wrapper reads on ComfyUI's hot paths are plain attributes (``config``, ``events``,
+``stacks`` (this thread's calls in progress), ``pin_budget_running``, and ``ledger``, which the ledger wing
+registers with :meth:`ProcessState.register`); each feature keeps the rest of its state in a *part*, an object of
+its own class created on first use by :meth:`ProcessState.part` and dropped (after its ``close()``, if it has one)
+by :meth:`ProcessState.reset`.  So core code never imports the features, and a test resets all of comfy_memx with
 one call.
 """
 
-from comfy_memx.core import errors, importhook
+import threading
+
+from comfy_memx.core import errors
 from comfy_memx.core.config import DEFAULT
 from comfy_memx.core.events import EventLog
-from comfy_memx.ledger.records import Ledger
+
+
+class ThreadStacks(threading.local):
+    """This thread's calls in progress, innermost last: ``loads`` (one ``ledger.accounting.LoadCall`` per
+    ``load_models_gpu`` call: the models it loads, who called it, what it unloaded) and ``unload_reasons`` (one
+    ``(reason, frame)`` per unload scope: ``free_memory``, ``unload_all_models``...).  The wrappers push and pop
+    them; the pin budget reads ``loads`` to spare the load in progress."""
+
+    def __init__(self):
+        self.loads = []
+        self.unload_reasons = []
 
 
 class ProcessState:
@@ -19,15 +32,24 @@ class ProcessState:
 
     def __init__(self):
         self.errors = errors.POLICY
+        # Kept by reset: what is wrapped in ComfyUI's modules stays wrapped until unwrapped (registry.remove_all),
+        # and this table is what undoes it exactly; and this process's identity in host registries, whose live
+        # files it holds for as long as it lives (a reset must not make it look dead to its peers).
+        self.wrapped = {}            # (id(owner), attr) -> what core.wrapping installed there
+        self.host_identity = {}      # pid -> this process's token in host registries (core.hostshare)
+        self.host_live_locks = {}    # (pid, folder) -> the held lock of this process's live file
         self._parts = {}
+        self._fields = {}   # name -> factory of a hot-path field a wing registered (see register)
         self._initialize()
 
     def _initialize(self):
         self.config = DEFAULT
         self.source = None           # "launcher", "env", "auto", "api" or "demo" once bootstrapped
-        self.ledger = Ledger()
+        for name, factory in self._fields.items():
+            setattr(self, name, factory())
         self.events = EventLog()
-        self.publish_loads = False   # load_models_gpu publishes LoadCalls (only the pin budget needs them)
+        self.stacks = ThreadStacks()
+        self.pin_budget_running = False   # an unload settles the pin budget (pins.session turns it on)
         self.free_request_hooks = []  # callables(phase) told when the worker starts and ends a /free unload
         self.unload_requesters = []   # callables(reason) -> requested_by dict or None, asked before the call stack
 
@@ -38,6 +60,15 @@ class ProcessState:
         self.source = activation_source
         self.events = EventLog(cfg.events, request_rate=cfg.event_rate)
         self.errors.raise_internal = self.errors.raise_internal or cfg.raise_internal
+
+    def register(self, name, factory):
+        """Give STATE a plain attribute ``name`` made by ``factory()``, now and at every :meth:`reset`.
+
+        For a wing's store that ComfyUI's hot paths read (the ledger registers ``STATE.ledger``): core defines the
+        slot's life cycle, the wing what is in it, and core imports no wing.
+        """
+        self._fields[name] = factory
+        setattr(self, name, factory())
 
     def part(self, cls):
         """This process's instance of the feature-state class ``cls`` (created with ``cls()`` on first use)."""
@@ -51,15 +82,15 @@ class ProcessState:
         return self._parts.get(cls)
 
     def reset(self):
-        """Forget everything: close every part, drop pending import hooks, inactive default config, empty ledger,
-        no event log, production error policy.  Patches already applied stay (``registry.remove_all`` undoes them).
+        """Forget everything: close every part (pending import hooks included), inactive default config, fresh
+        registered fields (an empty ledger), fresh thread stacks, no event log, production error policy.  Patches
+        already applied stay (``registry.remove_all`` undoes them), and so does this process's host identity.
         """
         parts, self._parts = list(self._parts.values()), {}
         for part in parts:
             close = getattr(part, "close", None)
             if close is not None:
                 close()
-        importhook.discard()
         self.events.close()
         self.errors.reset()
         self._initialize()

@@ -22,12 +22,11 @@ import logging
 import types
 
 from comfy_memx.core.errors import PatchSkipped
+from comfy_memx.core.state import STATE
 
 log = logging.getLogger("comfy_memx")
 
 _MISSING = object()
-# (id(owner), attr) -> _Installed
-_installed = {}
 
 
 class Switch:
@@ -78,7 +77,7 @@ def wrap(module, dotted, make_wrapper, site=None):
     owner, attr = resolve(module, dotted)
     key = (id(owner), attr)
     current = _raw_attr(owner, attr)
-    installed = _installed.get(key)
+    installed = STATE.wrapped.get(key)
     if installed is not None:
         if current is installed.wrapper and installed.switch.on:
             return "already patched"
@@ -92,7 +91,7 @@ def wrap(module, dotted, make_wrapper, site=None):
     wrapper = make_wrapper(current, switch)
     functools.update_wrapper(wrapper, current)
     owned = attr in vars(owner)  # False for an inherited method: unpatch deletes our shadowing attribute
-    _installed[key] = _Installed(owner, attr, current, owned, wrapper, switch, make_wrapper, site)
+    STATE.wrapped[key] = _Installed(owner, attr, current, owned, wrapper, switch, make_wrapper, site)
     setattr(owner, attr, wrapper)
     return "patched"
 
@@ -134,7 +133,7 @@ def audit():
 
     A replacement that only wraps ours (:func:`reaches`) is left alone, as wrapping over us is."""
     handled = []
-    for key, installed in list(_installed.items()):
+    for key, installed in list(STATE.wrapped.items()):
         if not installed.switch.on or installed.make_wrapper is None:
             continue
         current = _raw_attr(installed.owner, installed.attr)
@@ -149,7 +148,7 @@ def audit():
         replacement = _Installed(installed.owner, installed.attr, current, True, wrapper, switch,
                                  installed.make_wrapper, installed.site)
         installed.switch.on = False   # whatever still calls the old wrapper passes through: counted once, above
-        _installed[key] = replacement
+        STATE.wrapped[key] = replacement
         setattr(installed.owner, installed.attr, wrapper)
         handled.append((installed.site, _name(installed.owner), installed.attr, current))
     return handled
@@ -162,7 +161,7 @@ def unwrap(module, dotted):
     except PatchSkipped:
         return "not patched"
     key = (id(owner), attr)
-    installed = _installed.get(key)
+    installed = STATE.wrapped.get(key)
     if installed is None:
         return "not patched"
     current = _raw_attr(owner, attr)
@@ -177,14 +176,14 @@ def unwrap(module, dotted):
     else:
         delattr(owner, attr)
     installed.switch.on = False  # a stale alias (``from comfy.utils import f``) to the wrapper now passes through
-    del _installed[key]
+    del STATE.wrapped[key]
     return "restored"
 
 
 def original_of(module, dotted):
     """The saved original of a patched attribute, or the current attribute when comfy_memx did not patch it."""
     owner, attr = resolve(module, dotted)
-    installed = _installed.get((id(owner), attr))
+    installed = STATE.wrapped.get((id(owner), attr))
     return installed.original if installed is not None else getattr(owner, attr)
 
 

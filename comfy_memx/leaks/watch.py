@@ -44,13 +44,13 @@ import time
 from urllib.parse import quote
 
 from comfy_memx.core.errors import internal_error
+from comfy_memx.core.refs import OWN_REFS
 from comfy_memx.core.state import STATE
 from comfy_memx.leaks import patterns
 from comfy_memx.ledger import attribution
 
 log = logging.getLogger("comfy_memx")
 
-_OWN_REFS = 2  # getrefcount's argument and the caller's local
 PROBE_CPU_S = 0.5    # the forward probe of a new leak, in every mode (it usually takes a few ms)
 MIN_SEARCH_S = 0.25  # CPU seconds: with less than this left in the prompt a search is deferred, never started
 MAX_TRIES = 4        # searches of one leak that may run out before it is reported as incomplete for good
@@ -199,7 +199,7 @@ def after_collect(found):
         module = suspect.module_ref()
         # Measured here, with this frame's local as the only reference of ours (as search_now measures it), so
         # that two readings differ only when something else took or dropped a reference.
-        refs = sys.getrefcount(module) - _OWN_REFS if module is not None else None
+        refs = sys.getrefcount(module) - OWN_REFS if module is not None else None
         if suspect.new:
             _first_sighting(suspect, module, found, prompt_id, now, (window, here, refs))
         elif module is not None:
@@ -390,7 +390,7 @@ def _search_now(record, ignore, budget_s):
         report = holders.find_holders(module, budget_s=budget_s or STATE.config.leak_budget,
                                       ignore=[*ignore, *STATE.ledger.containers()],
                                       ignore_frames_up_to=sys._getframe())
-        refs = sys.getrefcount(module) - _OWN_REFS
+        refs = sys.getrefcount(module) - OWN_REFS
     finally:
         del module
     referrers = [referrer_of(chain) for chain in report.chains]

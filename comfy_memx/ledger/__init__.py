@@ -4,3 +4,5 @@
 and custom-node package asked for a load) and ``accounting`` (turning what the model-management wrappers observe
 into ledger updates and ``load``/``unload`` events).
 """
+
+from comfy_memx.ledger import records  # noqa: F401  (registers STATE.ledger: any use of the ledger wing has it)

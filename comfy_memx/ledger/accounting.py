@@ -1,42 +1,36 @@
 """Turns what the model-management wrappers observe into ledger updates and ``load``/``unload`` events.
 
-Unload reasons travel down the call chain in a per-thread stack of ``(reason, frame)``: ``unload_all_models``
-pushes ``unload_all``, ``free_request`` (called by ComfyUI's prompt worker for POST /free) or ``oom`` (called while
-an out-of-memory exception is being handled); ``free_memory`` pushes ``memory_pressure`` unless a caller already
-chose a reason; ``LoadedModel.model_unload`` reads the top (``other`` when called directly, e.g. by a custom node).
+Unload reasons travel down the call chain in a per-thread stack of ``(reason, frame)``
+(``STATE.stacks.unload_reasons``): ``unload_all_models`` pushes ``unload_all``, ``free_request`` (called by
+ComfyUI's prompt worker for POST /free) or ``oom`` (called while an out-of-memory exception is being handled);
+``free_memory`` pushes ``memory_pressure`` unless a caller already chose a reason; ``LoadedModel.model_unload`` reads
+the top (``other`` when called directly, e.g. by a custom node).
 The frame is the caller that entered the outermost scope: ``ledger.causes`` turns it into ``requested_by`` only when
-an unload really happens.  ``load_models_gpu`` calls are scopes too (:class:`LoadScope`): the models being loaded,
-for memory-pressure causes, and the full unloads seen during the call.
+an unload really happens.  ``load_models_gpu`` calls are kept in ``STATE.stacks.loads`` (:class:`LoadCall`): the
+models being loaded (for memory-pressure causes, and for the pin budget, which spares them), the caller, and the full
+unloads seen during the call; the entries that the call dropped silently (a clone replacing its original) are
+reported when it returns.
 Nothing here walks the heap or a state dict: every figure is an attribute read that ComfyUI itself keeps.
 The outermost ``free_request`` scope is announced to ``STATE.free_request_hooks`` (``POST /memx/free`` follows it).
 """
 
-import itertools
 import sys
-import threading
 import time
 import weakref
 
 from comfy_memx.core.errors import internal_error
+from comfy_memx.core.refs import external_refcount
 from comfy_memx.core.state import STATE
 from comfy_memx.ledger import causes
 from comfy_memx.ledger.attribution import current_owner
 
 REASONS = ("memory_pressure", "unload_all", "free_request", "clone_replaced", "dropped", "oom", "other")
-_OWN_REFS = 2  # the caller's local variable and getrefcount's own argument
-
-class _ReasonStack(threading.local):
-    def __init__(self):
-        self.stack = []
-
-
-_reasons = _ReasonStack()
 
 
 def push_reason(reason, keep_outer=False, frame=None):
     """Enter a scope whose unloads have ``reason`` (or the enclosing scope's when ``keep_outer``); ``frame`` is the
     caller that asked (default: the caller of this function)."""
-    stack = _reasons.stack
+    stack = STATE.stacks.unload_reasons
     if stack:
         stack.append(stack[-1] if keep_outer else (reason, stack[-1][1]))
         return
@@ -47,7 +41,7 @@ def push_reason(reason, keep_outer=False, frame=None):
 
 def pop_reason():
     """Leave the scope entered by the matching :func:`push_reason`."""
-    stack = _reasons.stack
+    stack = STATE.stacks.unload_reasons
     if stack.pop()[0] == "free_request" and not stack and STATE.free_request_hooks:
         _announce_free_request("end")
 
@@ -61,92 +55,54 @@ def _announce_free_request(phase):
 
 
 class LoadCall:
-    """One ``load_models_gpu`` call in progress on this thread; it dies when the call returns (pinning watches)."""
-    __slots__ = ("models", "__weakref__")
+    """One ``load_models_gpu`` call in progress on this thread (in ``STATE.stacks.loads``): ``models`` (ComfyUI's own
+    list object; no local of a wrapper holds it), the caller ``frame``, ``before`` (weakrefs of the entries loaded
+    when it began, or None) and ``unloaded`` (None until the first: the ids of the ``real_model`` weakrefs of the
+    entries fully unloaded, or reported otherwise, during it).  It dies when the call returns, which ends the pin
+    budget's protection of its models (weakref)."""
+    __slots__ = ("models", "frame", "before", "unloaded", "__weakref__")
 
-    def __init__(self, models):
-        self.models = models
-
-
-class _LoadStack(threading.local):
-    def __init__(self):
-        self.stack = []
-
-
-_loads = _LoadStack()
+    def __init__(self, models, frame, before):
+        self.models, self.frame, self.before, self.unloaded = models, frame, before, None
 
 
-class LoadScope:
-    """A ``load_models_gpu`` call (``models``, the caller ``frame``) in progress on this thread; ``unloaded``
-    (None until the first) collects the ids of the ``real_model`` weakrefs of the entries that were fully unloaded,
-    or reported otherwise, during it."""
-    __slots__ = ("models", "frame", "unloaded")
-
-    def __init__(self, models, frame):
-        self.models, self.frame, self.unloaded = models, frame, None
+def begin_load(model_management, models, frame):
+    """A ``load_models_gpu(models)`` call called from ``frame`` begins: push its :class:`LoadCall` and return it."""
+    call = LoadCall(models, frame, loaded_entry_refs(model_management) if model_management.current_loaded_models
+                    else None)
+    STATE.stacks.loads.append(call)
+    return call
 
 
-class _Scopes(threading.local):
-    def __init__(self):
-        self.scopes = []
+def end_load(model_management, call):
+    """The call of :func:`begin_load` returned (or raised): report the entries it dropped silently, and pop it."""
+    try:
+        if call.before:
+            _note_clone_replacements(model_management, call)
+    finally:
+        STATE.stacks.loads.pop()
 
 
-_scopes = _Scopes()
-
-
-def load_scopes():
-    """This thread's stack of :class:`LoadScope` (the load_models_gpu wrapper pushes and pops it inline)."""
-    return _scopes.scopes
-
-
-def current_load_scope():
-    """The innermost ``load_models_gpu`` scope of this thread, or None."""
-    scopes = _scopes.scopes
-    return scopes[-1] if scopes else None
+def current_load():
+    """The innermost ``load_models_gpu`` call in progress on this thread, or None."""
+    loads = STATE.stacks.loads
+    return loads[-1] if loads else None
 
 
 def note_unloaded(module_ref):
     """The entry whose ``real_model`` weakref is ``module_ref`` left ComfyUI's list and was reported."""
     key = id(module_ref)
-    for scope in _scopes.scopes:
-        if scope.unloaded is None:
-            scope.unloaded = set()
-        scope.unloaded.add(key)
-
-
-def publish_loads(on):
-    """Make the load_models_gpu wrapper publish :class:`LoadCall` objects (the pin budget turns this on; without
-    it load_models_gpu pays nothing for them)."""
-    STATE.publish_loads = bool(on)
-
-
-def load_stack():
-    """This thread's stack of :class:`LoadCall` (the load_models_gpu wrapper pushes and pops it)."""
-    return _loads.stack
-
-
-def current_load():
-    """The innermost ``load_models_gpu`` call in progress on this thread, or None."""
-    stack = _loads.stack
-    return stack[-1] if stack else None
-
-
-def reason_stack():
-    """This thread's stack of unload reasons (wrappers on hot paths push and pop it directly)."""
-    return _reasons.stack
-
-
-def current_reason():
-    """The reason of the innermost unload scope of this thread, ``other`` outside any."""
-    stack = _reasons.stack
-    return stack[-1][0] if stack else "other"
+    for call in STATE.stacks.loads:
+        if call.unloaded is None:
+            call.unloaded = set()
+        call.unloaded.add(key)
 
 
 def current_cause(caller_frame):
     """``(reason, requested_by)`` of an unload happening now; ``caller_frame`` asked when no scope is open."""
-    stack = _reasons.stack
+    stack = STATE.stacks.unload_reasons
     reason, frame = stack[-1] if stack else ("other", caller_frame)
-    return reason, causes.requested_by(reason, frame, current_load_scope())
+    return reason, causes.requested_by(reason, frame, current_load())
 
 
 def reason_for_unload_all(caller_frame, oom_test):
@@ -163,9 +119,11 @@ def reason_for_unload_all(caller_frame, oom_test):
     return "unload_all"
 
 
-def external_refcount(obj_refcount):
-    """``sys.getrefcount`` taken by a wrapper holding the object in one local, minus those two own references."""
-    return max(0, obj_refcount - _OWN_REFS)
+def unload_refcounts(patcher_refcount, module_refcount):
+    """The ``refcounts`` of an unload from ``sys.getrefcount`` of its patcher (None when gone) and its module, each
+    taken with the object in one local of the caller's frame (see ``core.refs``)."""
+    return {"patcher": external_refcount(patcher_refcount) if patcher_refcount is not None else 0,
+            "module": external_refcount(module_refcount)}
 
 
 def on_load(entry, patcher, loaded_before, seconds, caller_frame):
@@ -174,14 +132,10 @@ def on_load(entry, patcher, loaded_before, seconds, caller_frame):
     if module is None:
         return
     record = STATE.ledger.record_for(module)
-    record.add_patcher(patcher)
     loaded_after = patcher.loaded_size()
     moved = loaded_after - loaded_before
-    record.patcher_id = id(patcher)
-    record.device = str(getattr(entry, "device", None))
     record.model_bytes = patcher.model_size()
-    record.loaded_bytes = loaded_after
-    record.touch()
+    _seen_loaded(record, entry, patcher, loaded_after)
     if moved <= 0 and record.loads:
         return
     record.owner = current_owner(caller_frame)
@@ -211,11 +165,11 @@ def on_unload(patcher, module, loaded_before, loaded_after, fully, seconds, refc
     scope_reason, scope_requested = current_cause(caller_frame) if requested is None else (None, requested)
     reason = reason or scope_reason
     if requested is None and reason != scope_reason:
-        requested = causes.requested_by(reason, caller_frame, current_load_scope())
+        requested = causes.requested_by(reason, caller_frame, current_load())
     requested = requested or scope_requested
     when = round(time.time(), 6)
     causes.on_unloaded(record, reason, requested, freed, when)
-    record.unload_seq = next(_unload_numbers)
+    record.unload_seq = STATE.ledger.next_unload_number()
     # ComfyUI's LoadedModel holds its patcher by weakref: after model_unload it may already be gone
     copied = copies_bytes(patcher) if patcher is not None else record.copies
     unload = {"reason": reason, "requested_by": requested, "bytes": freed, "partial": not fully, "copied": copied,
@@ -225,9 +179,6 @@ def on_unload(patcher, module, loaded_before, loaded_after, fully, seconds, refc
     record.unloads.append(unload)
     if STATE.events.wanted:
         STATE.events.emit("unload", **_identity(record), **unload)
-
-
-_unload_numbers = itertools.count()
 
 
 def loaded_entry_refs(model_management):
@@ -247,7 +198,7 @@ def loaded_entry_refs(model_management):
 def entries_snapshot(model_management):
     """What ComfyUI's ``current_loaded_models`` holds now, by weakref, with the number of the last reported unload:
     taken before a node runs, so that :func:`note_dropped` can tell what the node removed behind ComfyUI's back."""
-    return next(_unload_numbers), loaded_entry_refs(model_management)
+    return STATE.ledger.next_unload_number(), loaded_entry_refs(model_management)
 
 
 def note_dropped(model_management, snapshot, requested):
@@ -255,26 +206,90 @@ def note_dropped(model_management, snapshot, requested):
     since ``snapshot`` while their module lives and no unload of theirs was reported (a custom node removed them
     from ``current_loaded_models``: ComfyUI no longer manages those weights, which stay where they were)."""
     started, refs = snapshot
+
+    def reported(_entry_alive, _module_ref, module):
+        return STATE.ledger.record_for(module).unload_seq > started   # during the node: unloaded, or a clone's
+
+    _report_departed(model_management, refs, reported, "dropped", None, requested)
+
+
+def _note_clone_replacements(model_management, call):
+    # COMFY: load_models_gpu pops entries whose patcher is a clone of a model being loaded and detaches them
+    # without model_unload (0.3.64, 0.27.0, 0.33.0); such an entry left the list (and may already be gone) while its
+    # module lives on, often under a new entry for the clone.  Full unloads during the call are in ``unloaded``.
+    def reported(entry_alive, module_ref, _module):
+        return not entry_alive and call.unloaded is not None and id(module_ref) in call.unloaded
+
+    _report_departed(model_management, call.before, reported, "clone_replaced", call.frame, None)
+
+
+def _report_departed(model_management, refs, reported, reason, frame, requested):
+    """Report as unloads of ``reason`` the entries of ``refs`` (:func:`loaded_entry_refs`) that left ComfyUI's list
+    while their module lives, unless ``reported(entry_alive, module_ref, module)``.  Holds each entry, patcher and
+    module in one local only while it is counted (the refcounts), never across the loop."""
     remaining = {id(entry) for entry in model_management.current_loaded_models}
     for entry_ref, module_ref in refs:
-        entry = entry_ref() if entry_ref is not None else None
-        if entry is not None and (id(entry) in remaining or entry.real_model is None):
-            continue
         if entry_ref is None:
             continue
-        module = module_ref()
-        if module is None:
+        entry = entry_ref()
+        if entry is not None and (id(entry) in remaining or entry.real_model is None):
             continue
-        record = STATE.ledger.record_for(module)
-        if record.unload_seq > started:
-            continue  # reported during the node: unloaded, or replaced by a clone
+        module = module_ref()
+        if module is None or reported(entry is not None, module_ref, module):
+            continue
         patcher = entry.model if entry is not None else None
         del entry
-        loaded = int(getattr(module, "model_loaded_weight_memory", 0) or 0)
-        refcounts = {"patcher": external_refcount(sys.getrefcount(patcher)) if patcher is not None else 0,
-                     "module": external_refcount(sys.getrefcount(module))}
-        on_unload(patcher, module, loaded, loaded, True, 0.0, refcounts, None, reason="dropped", requested=requested)
+        refcounts = unload_refcounts(sys.getrefcount(patcher) if patcher is not None else None,
+                                     sys.getrefcount(module))
+        if reason == "clone_replaced":
+            loaded = (patcher.loaded_size() if patcher is not None
+                      else int(getattr(module, "model_loaded_weight_memory", 0)))
+            note_unloaded(module_ref)
+        else:
+            loaded = int(getattr(module, "model_loaded_weight_memory", 0) or 0)
+        on_unload(patcher, module, loaded, loaded, True, 0.0, refcounts, frame, reason=reason, requested=requested)
         del module, patcher
+
+
+def loaded_size(entry):
+    """Bytes of ComfyUI's ``entry`` (a LoadedModel) on its device, read without keeping its patcher in a local
+    variable of the caller."""
+    patcher = entry.model
+    return patcher.loaded_size() if patcher is not None else 0
+
+
+def note_model_unload(entry, module_ref, loaded_before, fully, seconds, caller_frame):
+    """Record ``LoadedModel.model_unload`` of ``entry`` (its ``real_model`` weakref ``module_ref`` read before the
+    call, which may clear it): bytes freed, partial or full, refcounts, cause."""
+    module = module_ref() if module_ref is not None else None
+    if module is None:
+        return
+    if fully:
+        note_unloaded(module_ref)
+    patcher = entry.model
+    after = patcher.loaded_size() if patcher is not None else 0
+    refcounts = unload_refcounts(sys.getrefcount(patcher) if patcher is not None else None, sys.getrefcount(module))
+    on_unload(patcher, module, loaded_before, after, fully, seconds, refcounts, caller_frame)
+
+
+def adopt_loaded(model_management):
+    """Late activation: put the models ComfyUI already holds into the ledger (owner unknown, no load counted)."""
+    for entry in list(getattr(model_management, "current_loaded_models", ())):
+        patcher = entry.model
+        module = entry.real_model() if entry.real_model is not None else None
+        if patcher is None or module is None:
+            continue
+        _seen_loaded(STATE.ledger.record_for(module), entry, patcher, patcher.loaded_size())
+        del module
+
+
+def _seen_loaded(record, entry, patcher, loaded_bytes):
+    """What every sighting of ComfyUI's ``entry`` loaded sets in ``record``: its patcher, device, bytes, last use."""
+    record.add_patcher(patcher)
+    record.patcher_id = id(patcher)
+    record.device = str(getattr(entry, "device", None))
+    record.loaded_bytes = loaded_bytes
+    record.touch()
 
 
 def copies_bytes(patcher):

@@ -14,6 +14,7 @@ import threading
 from typing import NamedTuple, Optional
 
 from comfy_memx.core.comfyui import package_of_file
+from comfy_memx.core.state import STATE
 
 MAX_FRAMES = 128
 
@@ -38,8 +39,19 @@ class Owner(NamedTuple):
         return ", ".join(parts)
 
 
-_prompt = threading.local()
-_package_by_file = {}
+class Attribution:
+    """What attribution remembers (a part of the process state): the prompt executing on each thread (``prompt``:
+    ``current`` = (prompt_id, {node_id: class_type}) or None) and the package of each source file and node class
+    seen (caches, bounded by the files and classes of the installation)."""
+
+    def __init__(self):
+        self.prompt = threading.local()
+        self.package_by_file = {}
+        self.package_by_class = {}
+
+
+def _part():
+    return STATE.part(Attribution)
 
 
 def begin_prompt(prompt_id, prompt):
@@ -51,17 +63,17 @@ def begin_prompt(prompt_id, prompt):
                 class_types[str(node_id)] = node["class_type"]
     except AttributeError:
         pass
-    _prompt.current = (prompt_id, class_types)
+    _part().prompt.current = (prompt_id, class_types)
 
 
 def end_prompt():
     """Forget the prompt of this thread."""
-    _prompt.current = None
+    _part().prompt.current = None
 
 
 def current_prompt_id():
     """The prompt executing on this thread (None outside a prompt)."""
-    current = getattr(_prompt, "current", None)
+    current = getattr(_part().prompt, "current", None)
     return current[0] if current else None
 
 
@@ -81,9 +93,6 @@ def current_owner(frame=None):
     return Owner(prompt_id, node_id, class_type, node_package, on_stack if on_stack != node_package else None)
 
 
-_package_by_class = {}
-
-
 def package_of_node(class_type):
     """The package that defines the node class ``class_type`` (``"core"`` for ComfyUI's own), or None when
     ComfyUI's node table is not loaded or does not have it."""
@@ -92,13 +101,14 @@ def package_of_node(class_type):
     cls = mappings.get(class_type) if isinstance(mappings, dict) else None
     if cls is None:
         return None
-    cached = _package_by_class.get(class_type)
+    by_class = _part().package_by_class
+    cached = by_class.get(class_type)
     if cached is not None and cached[0] is cls:
         return cached[1]
     module = sys.modules.get(getattr(cls, "__module__", None) or "")
     package = package_of_file(getattr(module, "__file__", None) or "") or "core"
-    if len(_package_by_class) < 10_000:
-        _package_by_class[class_type] = (cls, package)
+    if len(by_class) < 10_000:
+        by_class[class_type] = (cls, package)
     return package
 
 
@@ -106,7 +116,7 @@ def node_context():
     """``(prompt_id, node_id, class_type)`` of the node executing now on this thread (Nones outside a prompt)."""
     prompt_id = node_id = class_type = None
     context = _executing_context()
-    current = getattr(_prompt, "current", None)
+    current = getattr(_part().prompt, "current", None)
     if context is not None:
         prompt_id, node_id = context.prompt_id, str(context.node_id)
     elif current is not None:
@@ -122,15 +132,16 @@ WORKER_FUNCTION = "prompt_worker"  # COMFY: main.prompt_worker (0.3.64, 0.27.0, 
 def caller_on_stack(frame):
     """Who is calling, from ``frame`` outwards: ``("package", name)`` for the innermost frame under custom_nodes,
     ``("worker", None)`` when ComfyUI's prompt worker is reached first, else ``("core", None)``."""
+    by_file = _part().package_by_file
     depth = 0
     while frame is not None and depth < MAX_FRAMES:
         code = frame.f_code
         if code.co_name == WORKER_FUNCTION:
             return "worker", None
         filename = code.co_filename
-        package = _package_by_file.get(filename, False)
+        package = by_file.get(filename, False)
         if package is False:
-            package = _package_by_file[filename] = package_of_file(filename)
+            package = by_file[filename] = package_of_file(filename)
         if package is not None:
             return "package", package
         frame = frame.f_back
@@ -140,12 +151,13 @@ def caller_on_stack(frame):
 
 def package_on_stack(frame):
     """The custom-node package of the innermost frame from ``frame`` outwards that lives under custom_nodes."""
+    by_file = _part().package_by_file
     depth = 0
     while frame is not None and depth < MAX_FRAMES:
         filename = frame.f_code.co_filename
-        package = _package_by_file.get(filename, False)
+        package = by_file.get(filename, False)
         if package is False:
-            package = _package_by_file[filename] = package_of_file(filename)
+            package = by_file[filename] = package_of_file(filename)
         if package is not None:
             return package
         frame = frame.f_back

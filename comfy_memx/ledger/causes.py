@@ -23,6 +23,7 @@ of distinct causes, never by prompts.
 
 import collections
 import logging
+import sys
 
 from comfy_memx.core.state import STATE
 from comfy_memx.ledger import attribution
@@ -97,7 +98,7 @@ def _flag_setter():
     return dict(found) if found is not None else None
 
 
-def requested_by(reason, frame, load_scope):
+def requested_by(reason, frame, load_call):
     """Who asked for an unload of ``reason`` whose scope was entered from ``frame`` (see the module docstring)."""
     for hook in list(STATE.unload_requesters):
         found = hook(reason)
@@ -107,8 +108,8 @@ def requested_by(reason, frame, load_scope):
         setter = _flag_setter()
         if setter is not None:
             return setter
-    if load_scope is not None and reason in ("memory_pressure", "clone_replaced"):
-        return _load_requester(load_scope)
+    if load_call is not None and reason in ("memory_pressure", "clone_replaced"):
+        return _load_requester(load_call)
     kind, package = attribution.caller_on_stack(frame)
     prompt_id, node_id, class_type = attribution.node_context()
     if kind == "package":
@@ -118,9 +119,23 @@ def requested_by(reason, frame, load_scope):
     return {"kind": "comfyui", "via": via, "prompt_id": prompt_id, "node_id": node_id, "class_type": class_type}
 
 
-def _load_requester(scope):
+def node_requester(prompt_id, node_id, node):
+    """``requested_by`` of node ``node_id`` (the object ``node``) of ``prompt_id``: its package's, or ComfyUI's for
+    a core node."""
+    module = sys.modules.get(type(node).__module__)
+    package = attribution.package_of_file(getattr(module, "__file__", None) or "")
+    owner = attribution.current_owner()
+    class_type = owner.class_type if str(owner.node_id) == str(node_id) else type(node).__name__
+    if package is None:
+        return {"kind": "comfyui", "via": "node", "prompt_id": prompt_id, "node_id": str(node_id),
+                "class_type": class_type}
+    return {"kind": "node", "prompt_id": prompt_id, "node_id": str(node_id), "class_type": class_type,
+            "package": package}
+
+
+def _load_requester(load_call):
     models = []
-    for patcher in list(scope.models or ())[:MAX_MODELS_NAMED]:
+    for patcher in list(load_call.models or ())[:MAX_MODELS_NAMED]:
         module = getattr(patcher, "model", None)
         if module is None:
             continue
@@ -131,7 +146,7 @@ def _load_requester(scope):
             size = None
         models.append({"model": record.model, "model_id": record.model_id, "bytes": size})
         del module
-    node = attribution.current_owner(scope.frame)
+    node = attribution.current_owner(load_call.frame)
     return {"kind": "load", "models": models, "node": node._asdict()}
 
 

@@ -17,6 +17,7 @@ import threading
 import time
 import weakref
 
+from comfy_memx.core.state import STATE
 from comfy_memx.ledger.attribution import Owner
 
 UNLOADS_KEPT = 16
@@ -98,6 +99,7 @@ class Ledger:
         self._dead = collections.deque()  # (key, dead weakref) appended by weakref callbacks, purged under _lock
         self._lock = threading.Lock()     # never taken by a callback: see the module docstring
         self._numbers = collections.defaultdict(itertools.count)
+        self._unload_numbers = itertools.count()
 
     def record_for(self, module):
         """The record of ``module``, created on first sight (stable ``model_id`` = class name + '#' + number)."""
@@ -130,6 +132,10 @@ class Ledger:
         records = [r for r in list(self._records.values()) if r.alive]
         return sorted(records, key=lambda r: r.last_used or 0, reverse=True)
 
+    def next_unload_number(self):
+        """The next number of the process's unload sequence (``ModelRecord.unload_seq``, ``entries_snapshot``)."""
+        return next(self._unload_numbers)
+
     def containers(self):
         """The ledger's own containers, for holder searches to ignore."""
         return [self._records, self]
@@ -143,3 +149,6 @@ class Ledger:
 
     def __len__(self):
         return sum(1 for r in list(self._records.values()) if r.alive)
+
+
+STATE.register("ledger", Ledger)

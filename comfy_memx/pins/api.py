@@ -2,7 +2,7 @@
 over the pin package, so that moving code between its modules never touches a wrapper.
 
 Life cycle: :func:`start`, :func:`stop`, :func:`managing`, :func:`started_for`, :func:`comfyui_max`,
-:func:`startup_line`.  Decisions (callers hold :data:`PIN_LOCK`): :func:`before_tensor_pin` /
+:func:`startup_line`.  Decisions (callers hold :func:`pin_lock`): :func:`before_tensor_pin` /
 :func:`after_tensor_pin`, :func:`before_layer_pin` / :func:`after_layer_pin`, :func:`before_reregister`;
 :data:`REFUSED` is the answer that makes a wrapper reply as ComfyUI does when it cannot pin.  Bookkeeping:
 :func:`before_tensor_unpin` / :func:`after_tensor_unpin`, :func:`note_pin_check`, :func:`after_comfyui_eviction`,
@@ -18,12 +18,12 @@ from comfy_memx.pins.layout import layer_pin  # noqa: F401
 from comfy_memx.pins.loadscope import sync_load_scope
 from comfy_memx.pins.requests import (after_layer_pin, after_tensor_pin, after_tensor_unpin,  # noqa: F401
                                       before_layer_pin, before_reregister, before_tensor_pin, before_tensor_unpin)
-from comfy_memx.pins.context import PIN_LOCK, REFUSED, current  # noqa: F401
+from comfy_memx.pins.context import REFUSED, current, pin_lock  # noqa: F401
 from comfy_memx.pins.session import comfyui_max, managing, start, started_for, startup_line, stop  # noqa: F401
 
 
 def call_granted(grant, refused_answer, after, original, args, kwargs):
-    """Carry out one pin decision (taken under :data:`PIN_LOCK` by the caller): :data:`REFUSED` answers
+    """Carry out one pin decision (taken under :func:`pin_lock` by the caller): :data:`REFUSED` answers
     ``refused_answer`` as ComfyUI does when it cannot pin, None calls ComfyUI unbudgeted, a grant calls ComfyUI and
     then ``after(grant, result)`` (an error there is comfy_memx's, logged once, never ComfyUI's)."""
     if grant is REFUSED:

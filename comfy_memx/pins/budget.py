@@ -45,7 +45,7 @@ import os
 import threading
 
 from comfy_memx.core.errors import ConfigError, internal_error
-from comfy_memx.pins.hostshare import HostRegistry, RegistryUnavailable
+from comfy_memx.core.hostshare import HostRegistry, RegistryUnavailable
 
 log = logging.getLogger("comfy_memx")
 
@@ -410,18 +410,15 @@ class PinBudget:
         """Host scope: reserve at least what is committed (adopted bytes exist whether the others like it or not)."""
         if self._registry is None or self._committed() <= self._reserved:
             return
-        try:
-            with self._registry.transaction() as entries:
-                self._reserved = -(-self._committed() // self._chunk) * self._chunk
-                entries[self._registry.me] = self._reserved
-        except RegistryUnavailable as exc:
-            self._unavailable(exc)
-        except OSError as exc:
-            internal_error("pinbudget.registry", exc)
+        self._reserve_committed()
 
     def _maybe_shrink_reservation(self):
         if self._registry is None or self._reserved - self._committed() <= 2 * self._chunk:
             return
+        self._reserve_committed()
+
+    def _reserve_committed(self):
+        """Host scope: reserve what is committed, rounded up to whole chunks, in the host registry."""
         try:
             with self._registry.transaction() as entries:
                 self._reserved = -(-self._committed() // self._chunk) * self._chunk
@@ -432,7 +429,7 @@ class PinBudget:
             internal_error("pinbudget.registry", exc)
 
     def _unavailable(self, exc):
-        """The host registry cannot be used safely (``pins.hostshare``): say so once; decisions keep this
+        """The host registry cannot be used safely (``core.hostshare``): say so once; decisions keep this
         process's cap minus the other processes' last known shares (never no cap)."""
         if not self._counters["registry_unavailable"]:
             log.warning("comfy_memx: the host pin registry cannot be used (%s); this process keeps its own cap of "

@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import re
 
+from comfy_memx.core.config import PIN_LIMIT_FORMS as ACCEPTED_FORMS, register_check
 from comfy_memx.core.errors import ConfigError
 from comfy_memx.core.units import format_bytes
 
@@ -26,8 +27,6 @@ SOURCE_AUTO = "auto"
 SOURCE_ENV = ENV_NAME
 GIB = 1024 ** 3
 
-ACCEPTED_FORMS = ("bytes with a unit (12GiB, 800MB, 1.5GB; units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), "
-                  "a plain number of bytes (1073741824), a percentage of RAM (30%), 'off' (no pinning) or 'auto'")
 
 _UNITS = {"": 1, "b": 1,
           "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3, "tb": 1000 ** 4,
@@ -137,6 +136,9 @@ def check_form(text):
     Needs no host: the settings are checked at start-up, the cap is resolved against the host when pinning starts.
     """
     _form(text)
+
+
+register_check("pin_limit", check_form)
 
 
 def _form(text):

@@ -4,10 +4,11 @@ shares, with no life cycle of its own (that is :mod:`~comfy_memx.pins.session`).
 Locks, and the one rule they follow (no lock that a garbage-collector or weakref callback can take is held while
 Python may allocate):
 
-* :data:`PIN_LOCK` (re-entrant): one pin decision at a time, from the budget's answer through the evictions to
-  ComfyUI's registration.  It is held while ComfyUI runs (which allocates), so no finalizer or weakref callback of
-  comfy_memx ever takes it: releases seen from a finalizer (ComfyUI unpins in ``ModelPatcher.__del__``) only update
-  counters and settle the budget, and the budget's own lock is handled as below.
+* the pin lock (:func:`pin_lock`, re-entrant, ``PinSession.lock``): one pin decision at a time, from the budget's
+  answer through the evictions to ComfyUI's registration.  It is held while ComfyUI runs (which allocates), so no
+  finalizer or weakref callback of comfy_memx ever takes it: releases seen from a finalizer (ComfyUI unpins in
+  ``ModelPatcher.__del__``) only update counters and settle the budget, and the budget's own lock is handled as
+  below.
 * the budget's lock (inside :class:`~comfy_memx.pins.budget.PinBudget`): every call into the budget goes through
   :func:`call`, which marks this thread as inside it; a callback that arrives on this thread meanwhile (a garbage
   collection inside the budget) is queued by :func:`later_or_now` and run right after the thread leaves.
@@ -25,19 +26,12 @@ import threading
 
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.state import STATE
-from comfy_memx.ledger import accounting
 
 log = logging.getLogger("comfy_memx")
 
 UNATTRIBUTED = "unattributed"     # pins whose model could not be told; never evicted (nothing to evict them with)
 PREEXISTING = "pinned_before_comfy_memx"
 REFUSED = object()                # from before_*_pin: the wrapper answers as ComfyUI does when it cannot pin
-
-# One pin decision at a time: from the budget's answer through the evictions to ComfyUI's registration (or its
-# refusal), so that no other decision sees evictions half carried out.  ComfyUI pins from one thread anyway.
-# Never taken by a finalizer or weakref callback (see the module docstring).
-PIN_LOCK = threading.RLock()
-
 
 class PinSession:
     """comfy_memx's pinned-memory state in this process (a part of the process state): the :class:`State` in force
@@ -49,11 +43,15 @@ class PinSession:
         self.current = None
         self.local = threading.local()
         self.deferred = collections.deque()
+        # One pin decision at a time: from the budget's answer through the evictions to ComfyUI's registration (or
+        # its refusal), so that no other decision sees evictions half carried out.  ComfyUI pins from one thread
+        # anyway.  Never taken by a finalizer or weakref callback (see the module docstring).
+        self.lock = threading.RLock()
 
     def close(self):
         """Drop the budget (giving a host-scope share back) and every record of pins; ComfyUI is not touched."""
         state, self.current = self.current, None
-        accounting.publish_loads(False)
+        STATE.pin_budget_running = False
         self.local.__dict__.clear()
         self.deferred.clear()
         if state is not None and state.budget is not None:
@@ -104,6 +102,11 @@ class State:
 def session():
     """This process's :class:`PinSession`."""
     return STATE.part(PinSession)
+
+
+def pin_lock():
+    """The lock of one pin decision at a time (re-entrant); the pin wrappers hold it around ComfyUI's call."""
+    return session().lock
 
 
 def current():

@@ -18,7 +18,7 @@ calls ``free_model_pins`` once per tier), the outer ones find nothing left to re
 
 from comfy_memx.core.state import STATE
 from comfy_memx.pins import layout, loadscope, owners, reconcile
-from comfy_memx.pins.context import PIN_LOCK, call, current, describe
+from comfy_memx.pins.context import call, current, describe, pin_lock
 
 
 def reorders_eviction(mm):
@@ -38,7 +38,7 @@ def free_registrations_mru(mm, shortfall, evict_active=True):
         return True
     hysteresis = getattr(mm, "REGISTERABLE_PIN_HYSTERESIS", 0)
     remaining = shortfall + hysteresis
-    with PIN_LOCK:
+    with pin_lock():
         for active in ((False, True) if evict_active else (False,)):
             for patcher, _model_id in _dynamic_candidates(mm, active):
                 remaining -= patcher.unregister_inactive_pins(remaining)
@@ -53,7 +53,7 @@ def free_pins_mru(mm, size, evict_active=False):
     of other dynamic models' pins, most recently used first, only inactive ones unless ``evict_active``, never a
     model of the load in progress.  Returns the bytes freed, as ComfyUI does."""
     freed_total = 0
-    with PIN_LOCK:
+    with pin_lock():
         for active in ((False, True) if evict_active else (False,)):
             for patcher, _model_id in _dynamic_candidates(mm, active):
                 if size - freed_total <= 0:

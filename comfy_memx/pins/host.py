@@ -19,12 +19,27 @@ import os
 import sys
 import time
 
+from comfy_memx.core.state import STATE
+
 log = logging.getLogger("comfy_memx")
 
 _KIB = 1024
 INACTIVE_FILE_MAX_AGE = 1.0  # seconds a cgroup's inactive page-cache figure is reused by available_ram()
 RAM_READING_MAX_AGE = 0.05   # seconds a RamGauge reuses a reading of available RAM
-_warned = set()
+
+
+class HostProbe:
+    """What the probe remembers (a part of the process state): the host as first probed (for readers without a
+    :class:`HostMemory` of their own), the warnings already logged, and the last ``memory.stat`` readings."""
+
+    def __init__(self):
+        self.host = None
+        self.warned = set()
+        self.inactive = {}   # cgroup directory -> (monotonic time, inactive page-cache bytes)
+
+
+def _probe_part():
+    return STATE.part(HostProbe)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,19 +149,18 @@ class RamGauge:
         self._granted += nbytes
 
 
-_host_cache = []
-
-
 def _cached_host():
-    if not _host_cache:
-        _host_cache.append(probe_host())
-    return _host_cache[0]
+    part = _probe_part()
+    if part.host is None:
+        part.host = probe_host()
+    return part.host
 
 
 def _warn_once(key, message):
     """Log ``message`` as a warning the first time ``key`` is seen in this process and return it."""
-    if key not in _warned:
-        _warned.add(key)
+    warned = _probe_part().warned
+    if key not in warned:
+        warned.add(key)
         log.warning("comfy_memx: %s", message)
     return message
 
@@ -311,16 +325,14 @@ def _cgroup_usage(directory, version, inactive_max_age=0.0):
     if usage is None:
         return None
     now = time.monotonic()
-    cached = _inactive_cache.get(directory)
+    readings = _probe_part().inactive
+    cached = readings.get(directory)
     if cached is not None and now - cached[0] <= inactive_max_age:
         inactive = cached[1]
     else:
         inactive = _read_inactive_file(directory, version)
-        _inactive_cache[directory] = (now, inactive)
+        readings[directory] = (now, inactive)
     return max(0, usage - inactive)
-
-
-_inactive_cache = {}
 
 
 def _read_inactive_file(directory, version):

@@ -59,16 +59,6 @@ def model_registered_bytes(module):
     return sum(state_registered_bytes(state) for state in states if isinstance(state, dict))
 
 
-def model_subset_bytes(module):
-    """``{subset: registered bytes}`` of a model over every load device (for reports)."""
-    total = {}
-    for state in _dynamic_pins(module):
-        if isinstance(state, dict):
-            for name, size in subset_bytes(state).items():
-                total[name] = total.get(name, 0) + size
-    return total
-
-
 def pinning_disabled(mm):
     """True when ComfyUI's own switch turns pinning off (0.38 ``DISABLE_PINNED_MEMORY``, else the CLI flag)."""
     value = getattr(mm, "DISABLE_PINNED_MEMORY", None)

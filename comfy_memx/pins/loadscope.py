@@ -1,9 +1,9 @@
 """The load in progress, protected from pin eviction: within one ``load_models_gpu`` nothing is unpinned and pinned
 again.
 
-Which models a load is loading comes from the model_management patch: its ``load_models_gpu`` wrapper publishes
-each call as an ``accounting.LoadCall`` (with the ``models`` argument) that dies when the call returns.  The budget
-protects a load (:meth:`~comfy_memx.pins.budget.PinBudget.begin_load`) from the first pin decision seen inside it
+Which models a load is loading comes from the model_management patch: its ``load_models_gpu`` wrapper keeps each
+call in ``STATE.stacks.loads`` (a ``LoadCall`` with the ``models`` argument) that dies when the call returns.  The
+budget protects a load (:meth:`~comfy_memx.pins.budget.PinBudget.begin_load`) from the first pin decision seen inside it
 until that LoadCall dies (weakref callback) or a pin is seen outside any load, whichever comes first, so no load
 outlives its call.  When the load ends the budget is settled to ComfyUI's counters, as models unloaded during the
 load dropped their pins on paths comfy_memx does not wrap.  With the model_management patch disabled, only the
@@ -16,16 +16,16 @@ the weakref callback that takes it cannot deadlock.
 import threading
 import weakref
 
-from comfy_memx.ledger import accounting
+from comfy_memx.core.state import STATE
 from comfy_memx.pins import owners, reconcile
 from comfy_memx.pins.context import call, later_or_now, session
 
 _scope_lock = threading.Lock()
 
 
-class LoadScope:
-    """One load_models_gpu call that the budget protects; ends when its ``accounting.LoadCall`` dies or a pin is
-    seen outside it, whichever comes first."""
+class ProtectedLoad:
+    """One load_models_gpu call that the budget protects; ends when its ``LoadCall`` dies or a pin is seen outside
+    it, whichever comes first."""
     __slots__ = ("model_ids", "budget", "token_ref", "open", "__weakref__")
 
     def __init__(self, model_ids, budget, token):
@@ -57,7 +57,8 @@ def protected_ids():
 
 def sync_load_scope(state):
     """Make the budget's load protection follow this thread's innermost ``load_models_gpu`` call."""
-    load = accounting.current_load()
+    loads = STATE.stacks.loads
+    load = loads[-1] if loads else None
     local = session().local
     current = getattr(local, "scope", None)
     if load is None:
@@ -70,6 +71,6 @@ def sync_load_scope(state):
     if current is not None:
         current.end()
     model_ids = [owners.patcher_model_id(p) for p in list(load.models or ()) if getattr(p, "model", None) is not None]
-    scope = LoadScope(tuple(dict.fromkeys(model_ids)), state.budget, load)
+    scope = ProtectedLoad(tuple(dict.fromkeys(model_ids)), state.budget, load)
     local.scope = scope
     call(state.budget.begin_load, scope.model_ids)

@@ -1,7 +1,7 @@
 """Pins asked of the budget: each new registration ComfyUI is about to make is attributed to its model, asked of
 the budget, and refused or granted after the budget's evictions were carried out with ComfyUI's own calls.
 
-Paths (all under :data:`~comfy_memx.pins.context.PIN_LOCK`, held by the patch wrappers):
+Paths (all under :func:`~comfy_memx.pins.context.pin_lock`, held by the patch wrappers):
 
 * ``comfy.model_management.pin_memory(tensor[, evict_active])``: a legacy pin (:func:`before_tensor_pin` /
   :func:`after_tensor_pin`); every ``unpin_memory`` is booked back by address (:func:`after_tensor_unpin`, which

@@ -16,9 +16,8 @@ from comfy_memx.core.comfyui import running_version
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.state import STATE
 from comfy_memx.core.units import format_bytes
-from comfy_memx.ledger import accounting
 from comfy_memx.pins import reconcile
-from comfy_memx.pins.context import (PIN_LOCK, PREEXISTING, REFUSED, UNATTRIBUTED, PinSession,  # noqa: F401
+from comfy_memx.pins.context import (PREEXISTING, REFUSED, UNATTRIBUTED, PinSession,  # noqa: F401
                                      State, current, describe, emit_event, log, session)
 
 GIB = 1024 ** 3
@@ -49,7 +48,7 @@ def start(mm, host=None, available_ram=None, headroom_bytes=HEADROOM_BYTES, env_
                            scope=STATE.config.pin_scope, on_event=emit_event, describe=describe)
     session().current = State(mm, budget, cap, limit, host, getattr(mm, "MAX_PINNED_MEMORY", None), gauge)
     if budget is not None:
-        accounting.publish_loads(True)
+        STATE.pin_budget_running = True
         reconcile.seed_preexisting(session().current)
     return cap
 

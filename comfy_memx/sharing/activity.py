@@ -35,11 +35,3 @@ def prompt_ended():
     now = activity()
     now.running = max(0, now.running - 1)
     now.last = time.monotonic()
-
-
-def queue_busy(queue):
-    """True when ComfyUI's prompt queue has a prompt running or waiting (read under the queue's own mutex)."""
-    if queue is None:
-        return False
-    with queue.mutex:
-        return bool(getattr(queue, "queue", None) or getattr(queue, "currently_running", None))

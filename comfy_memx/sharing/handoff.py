@@ -1,7 +1,7 @@
 """``COMFY_MEMX_HANDOFF=host``: ComfyUI instances on one host hand the GPU to the one that needs it.
 
 Each instance registers itself (pid, device, the URL of its server on 127.0.0.1) in a host registry file
-(``comfy_memx.pins.hostshare.HostRegistry``: entries of dead processes are dropped by the next access, so a crashed
+(``comfy_memx.core.hostshare.HostRegistry``: entries of dead processes are dropped by the next access, so a crashed
 peer is never asked).  When an instance is about to load models onto a device that is short of free memory, it
 asks each peer on the same device, over ``POST /memx/handoff``, to unload; a peer answers only when its own queue
 is empty (a peer with a running or waiting prompt is never interrupted, so nothing its prompt needs is unloaded),
@@ -11,7 +11,7 @@ asked and freed.  ``POST /memx/handoff/request?bytes=N`` asks the peers by hand 
 tests); on CPU-only machines (``--cpu``) nothing asks automatically, since there is no device memory to share.
 
 Who belongs: the registry of a group (``COMFY_MEMX_HANDOFF_GROUP``, default ``default``) is a file of its own in
-this user's private folder (``pins.hostshare.private_dir``), so only this user's instances of the same group find
+this user's private folder (``core.hostshare.private_dir``), so only this user's instances of the same group find
 each other.  Each instance publishes a random peer secret there, and answers ``POST /memx/handoff`` only when the
 caller sends that secret back (``X-Memx-Peer``, checked by ``surface.access``): being able to read the registry is
 the proof of membership.  A refusal never says this instance's device.
@@ -26,8 +26,11 @@ import time
 import urllib.error
 import urllib.request
 
+from comfy_memx.core.comfyui import queue_busy
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.state import STATE
+from comfy_memx.sharing import worker
+from comfy_memx.surface.access import PEER_HEADER
 
 log = logging.getLogger("comfy_memx")
 REGISTRY_NAME = "comfy_memx-instances"
@@ -61,7 +64,7 @@ def part():
 def registry_path():
     """The registry file of this user's instances of the hand-off group ``COMFY_MEMX_HANDOFF_GROUP`` on this host
     (in the private folder of the pin registry)."""
-    from comfy_memx.pins.hostshare import default_registry_path
+    from comfy_memx.core.hostshare import default_registry_path
     return default_registry_path(f"{REGISTRY_NAME}-{STATE.config.handoff_group}")
 
 
@@ -69,7 +72,7 @@ def start(port):
     """Register this instance (its device and ``http://127.0.0.1:<port>``) when ``COMFY_MEMX_HANDOFF=host``."""
     if STATE.config.handoff != "host" or port is None:
         return None
-    from comfy_memx.pins.hostshare import HostRegistry
+    from comfy_memx.core.hostshare import HostRegistry
     handoff = part()
     handoff.registry = HostRegistry(registry_path())
     handoff.device = device_identity(sys.modules.get("comfy.model_management"))
@@ -147,7 +150,6 @@ def ask_peers(nbytes, reason="request"):
 
 
 def _ask(url, body, timeout, secret=None):
-    from comfy_memx.surface.access import PEER_HEADER
     if not url.startswith(("http://127.0.0.1:", "http://[::1]:", "http://localhost:")):
         return {"status": "refused", "error": "peers are asked on loopback only"}
     request = urllib.request.Request(url + "/memx/handoff", data=json.dumps(body).encode(), method="POST",
@@ -167,18 +169,18 @@ def _ask(url, body, timeout, secret=None):
 def give(queue, body):
     """A peer asks this instance to unload (``POST /memx/handoff``): refuse when off, on another device or busy;
     else unload through the worker and answer the receipt's figures.  Blocking; run it off the event loop."""
-    from comfy_memx.sharing import activity, idle
+    from comfy_memx.sharing import activity
     handoff = part()
     if handoff.registry is None:
         return 409, {"status": "off", "message": "COMFY_MEMX_HANDOFF is not host on this instance"}
     if body.get("device") != handoff.device:
         return 409, {"status": "other_device", "message": "this instance computes on another device"}
-    if activity.queue_busy(queue) or activity.activity().running:
+    if queue_busy(queue) or activity.activity().running:
         return 409, {"status": "busy", "message": "a prompt is running or waiting; it is never interrupted"}
     timeout = max(0.5, min(float(body.get("timeout") or STATE.config.handoff_wait), STATE.config.handoff_wait))
     # body: checked by the route (surface.bodies): bytes/from whole numbers, device a string, timeout finite
     origin = {"kind": "comfy_memx", "via": "handoff", "peer": body.get("from")}
-    receipt = idle.unload_now(queue, origin, timeout=timeout)
+    receipt = worker.unload(queue, origin, timeout=timeout)
     answer = {"status": receipt["status"] if receipt["worker"] != "withdrawn" else "busy",
               "freed_bytes": receipt["freed_bytes"], "freed": [row["model_id"] for row in receipt["freed"]]}
     STATE.events.emit_request("handoff", role="giver", to=body.get("from"), device=handoff.device,
@@ -188,7 +190,7 @@ def give(queue, body):
 
 def start_safely(port):
     """:func:`start`, logging instead of raising (the registry file may be unusable)."""
-    from comfy_memx.pins.hostshare import RegistryUnavailable
+    from comfy_memx.core.hostshare import RegistryUnavailable
     try:
         return start(port)
     except RegistryUnavailable as exc:  # another user's folder or file, a link: not a bug of ours

@@ -14,14 +14,13 @@ import sys
 import threading
 import time
 
+from comfy_memx.core.comfyui import queue_busy
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.state import STATE
-from comfy_memx.sharing import activity as activity_module
-from comfy_memx.surface import freeing
+from comfy_memx.sharing import activity as activity_module, worker
 
 log = logging.getLogger("comfy_memx")
 CHECK_EVERY_S = 1.0
-WAIT_FOR_WORKER_S = 120.0
 
 
 class IdleWatch:
@@ -57,7 +56,7 @@ class IdleWatch:
         """One check: unload when the queue has been idle long enough; returns the receipt when it unloaded."""
         self.checks += 1
         seconds = STATE.config.idle_unload
-        busy = activity_module.queue_busy(self.queue)
+        busy = queue_busy(self.queue)
         current = activity_module.activity()
         now = time.monotonic() if now is None else now
         if seconds <= 0 or busy or current.running or self.unloaded_after == current.last:
@@ -66,7 +65,7 @@ class IdleWatch:
             return None
         self.unloaded_after = current.last
         origin = {"kind": "comfy_memx", "via": "idle_unload", "idle_s": seconds}
-        receipt = unload_now(self.queue, origin)
+        receipt = worker.unload(self.queue, origin)
         STATE.events.emit("idle_unload", status=receipt["status"], worker=receipt["worker"],
                           freed_bytes=receipt["freed_bytes"], freed=[row["model_id"] for row in receipt["freed"]],
                           idle_s=seconds, memory=receipt["memory"])
@@ -78,25 +77,6 @@ class IdleWatch:
 def _models_loaded():
     mm = sys.modules.get("comfy.model_management")
     return bool(mm is not None and any(entry.model is not None for entry in list(mm.current_loaded_models)))
-
-
-def unload_now(queue, origin, timeout=WAIT_FOR_WORKER_S):
-    """Ask ComfyUI's worker to unload its models (``unload_models`` only: its caches stay), wait for its run, and
-    return the receipt (``origin`` becomes the unloads' ``requested_by``).
-
-    A prompt queued before the worker read the flags wins: the request is withdrawn (nothing a prompt is about to
-    use is unloaded for us), and the receipt says ``withdrawn``.
-    """
-    ticket = freeing.submit(queue, unload_models=True, free_memory=False, origin=origin)
-    try:
-        deadline = time.monotonic() + timeout
-        while not ticket.wait(0.5) and time.monotonic() < deadline:
-            if ticket.run is None and activity_module.queue_busy(queue):
-                break
-            freeing.nudge(ticket)
-    finally:
-        freeing.end(ticket)
-    return freeing.receipt(ticket, search_holders=False, trim=ticket.done)
 
 
 def start(queue):

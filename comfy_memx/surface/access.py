@@ -10,7 +10,7 @@ own ``POST /free`` does; but what costs CPU or reaches other instances is *guard
   ``Authorization: Bearer <token>`` or ``X-Memx-Token: <token>`` (compared in constant time);
 * ``POST /memx/handoff`` (a peer asks this instance to unload): only with this instance's peer secret in
   ``X-Memx-Peer``.  The secret is random per process and published only in the hand-off registry of its group, a
-  file in a folder only this user can read (``pins.hostshare``): reading it proves the caller runs as this user,
+  file in a folder only this user can read (``core.hostshare``): reading it proves the caller runs as this user,
   on this host, in the same ``COMFY_MEMX_HANDOFF_GROUP``.
 
 :func:`check` answers which of these a request satisfies; the routes turn a refusal into 403 (never telling the

@@ -11,11 +11,13 @@ import dataclasses
 import json
 import math
 
+from comfy_memx.core.errors import MemxError
+
 MAX_BODY_BYTES = 16 * 1024
 MAX_DEPTH = 8
 
 
-class BadBody(Exception):
+class BadBody(MemxError):
     """The body cannot be used: ``status`` (400 or 413), ``kind`` and a message for the error JSON."""
 
     def __init__(self, status, kind, message):

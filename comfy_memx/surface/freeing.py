@@ -34,6 +34,7 @@ import threading
 import time
 
 from comfy_memx.core import registry
+from comfy_memx.core.comfyui import queue_busy
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.state import STATE
 from comfy_memx.leaks import watch as leakwatch
@@ -358,6 +359,25 @@ def prompt_running(prompt_queue):
     return bool(getattr(prompt_queue, "currently_running", None))
 
 
+def unload_now(queue, origin, timeout):
+    """Ask ComfyUI's worker to unload its models (``unload_models`` only: its caches stay), wait for its run, and
+    return the receipt (``origin`` becomes the unloads' ``requested_by``): the idle unload's and a hand-off's.
+
+    A prompt queued before the worker read the flags wins: the request is withdrawn (nothing a prompt is about to
+    use is unloaded for us), and the receipt says ``withdrawn``.
+    """
+    ticket = submit(queue, unload_models=True, free_memory=False, origin=origin)
+    try:
+        deadline = time.monotonic() + timeout
+        while not ticket.wait(0.5) and time.monotonic() < deadline:
+            if ticket.run is None and queue_busy(queue):
+                break
+            nudge(ticket)
+    finally:
+        end(ticket)
+    return receipt(ticket, search_holders=False, trim=ticket.done)
+
+
 # -- the receipt -----------------------------------------------------------------------------------------------------
 
 def receipt(request, model_management=None, search_holders=True, trim=False):
@@ -415,10 +435,7 @@ def _search_survivors(request, survivors):
             survivor["search"] = refused
         except Exception as exc:  # a failed search leaves the survivor listed, with the error
             survivor["search"] = {"error": f"{type(exc).__name__}: {exc}"}
-            try:
-                internal_error("holder search for /memx/free", exc)
-            except Exception:
-                pass
+            internal_error("holder search for /memx/free", exc, answered=True)
     for survivor, _ in survivors[MAX_SEARCHED:]:
         survivor["search"] = {"note": f"not searched: only {MAX_SEARCHED} survivors are searched per request"}
 

@@ -23,6 +23,7 @@ import math
 import threading
 import time
 
+from comfy_memx.core.errors import MemxError
 from comfy_memx.core.state import STATE
 
 QUEUE_S = 2.0        # how long an HTTP search waits for the one before it
@@ -54,7 +55,7 @@ def work():
     return _pool("work", WORK_THREADS)
 
 
-class Busy(Exception):
+class Busy(MemxError):
     """A gated search cannot run now; ``retry_after`` is the whole seconds to wait, ``why`` says what is spent."""
 
     def __init__(self, why, retry_after):

@@ -9,9 +9,6 @@ route                  method  answer
 ``/memx/models/{id}/   POST    a strict holder search of one live model now (bounded by COMFY_MEMX_LEAK_BUDGET);
 search``                       404 for an unknown model_id; guarded; 429 + Retry-After when another search runs or
                                the CPU budget is spent (``surface.gate``)
-``/memx/handoff``      POST    a peer of the group asks this instance to unload (peer secret only)
-``/memx/handoff/       POST    ask the idle peers to unload ``?bytes=N`` (guarded, one at a time)
-request``
 ``/metrics``           GET     Prometheus text (``surface.metrics``); only when no other extension serves it
 ``/memx/metrics``      GET     the same, always
 =====================  ======  ==================================================================================
@@ -23,6 +20,9 @@ state; none accepts a file path; answers hold names and numbers, never tensors (
 objects that are not JSON values shown as ``<TypeName>``, never through their ``repr``).  A failing handler answers
 an error JSON (``{"error", "message"}``) and the server keeps serving.  aiohttp is imported by :func:`register`
 only.
+
+The hand-off's routes (``/memx/handoff``, ``/memx/handoff/request``) are the sharing wing's own: ``sharing.routes``
+registers them on the same terms, with :func:`guarded`, :func:`guard` and :func:`answer` from here.
 """
 
 import asyncio
@@ -31,9 +31,8 @@ import logging
 import math
 
 from comfy_memx.core import registry
-from comfy_memx.core.errors import internal_error
+from comfy_memx.core.errors import MemxError, internal_error
 from comfy_memx.core.state import STATE
-from comfy_memx.sharing import handoff
 from comfy_memx.surface import access, answers, bodies, freeing, gate, metrics, readmodel
 from comfy_memx.surface.bodies import Field
 
@@ -48,7 +47,7 @@ FREE_ALL = {"unload_models": True, "free_memory": True}
 _REGISTERED = "_comfy_memx_routes"
 
 
-class HttpError(Exception):
+class HttpError(MemxError):
     """A request the route refuses: ``status`` and a message for the error JSON (``retry_after``: seconds, sent as
     the ``Retry-After`` header of a 429)."""
 
@@ -66,8 +65,6 @@ def can_observe_worker():
 # -- the handlers --------------------------------------------------------------------------------------------------
 
 FREE_FIELDS = {"unload_models": Field("bool"), "free_memory": Field("bool")}
-GIVE_FIELDS = {"bytes": Field("int", 0, 2 ** 62), "from": Field("int", 0, 2 ** 62), "device": Field("str"),
-               "timeout": Field("number", 0, MAX_TIMEOUT_S)}
 NOT_SEARCHED = "not searched: holder searches are allowed from loopback or with COMFY_MEMX_TOKEN (README, Security)"
 
 
@@ -76,7 +73,6 @@ class Handlers:
 
     def __init__(self, server):
         self.server = server
-        self.asking = False  # one /memx/handoff/request at a time
 
     async def models(self, request):
         """GET /memx/models (rows built and serialized on the reads executor once per change, shared by the requests
@@ -144,34 +140,6 @@ class Handlers:
         except gate.Busy as busy:
             raise HttpError(429, busy.why, _busy_message(busy), retry_after=busy.retry_after) from None
         return _json({"model": record.model, "model_id": model_id, **found})
-
-    async def give(self, request):
-        """POST /memx/handoff: a peer of this instance's group asks it to unload (answered only when idle)."""
-        if not access.peer_ok(request, handoff.part().secret):
-            raise HttpError(403, "forbidden", "this route answers only peers of the same hand-off group "
-                                              "(COMFY_MEMX_HANDOFF_GROUP) of this user on this host")
-        body = await bodies.read_object(request, GIVE_FIELDS)
-        loop = asyncio.get_running_loop()
-        status, answer = await loop.run_in_executor(gate.work(), handoff.give, self.server.prompt_queue, body)
-        return _json(answer, status=status)
-
-    async def ask(self, request):
-        """POST /memx/handoff/request?bytes=N: ask the idle peers on this device to unload N bytes now (guarded;
-        one at a time)."""
-        _guard(request)
-        text = request.query.get("bytes", "")
-        nbytes = int(text) if text.isdigit() and len(text) <= 19 else -1
-        if nbytes <= 0:
-            raise HttpError(400, "bad_bytes", "bytes must be a whole number of bytes > 0")
-        if self.asking:
-            raise HttpError(429, "busy", "a hand-off request is in progress",
-                            retry_after=1 + int(STATE.config.handoff_wait))
-        self.asking = True
-        try:
-            loop = asyncio.get_running_loop()
-            return _json(await loop.run_in_executor(gate.work(), handoff.ask_peers, nbytes, "request"))
-        finally:
-            self.asking = False
 
     async def metrics(self, request):
         """GET /metrics and /memx/metrics: Prometheus text, or 501 without prometheus_client."""
@@ -266,13 +234,14 @@ def _guarded(name, handler):
         except bodies.BadBody as exc:
             return _json({"error": exc.kind, "message": str(exc)}, status=exc.status)
         except Exception as exc:
-            try:
-                internal_error(f"route {name}", exc)
-            except Exception:  # tests re-raise internal errors; a route still answers
-                pass
+            internal_error(f"route {name}", exc, answered=True)   # a route still answers
             return _json({"error": "internal", "message": f"{type(exc).__name__}: {exc}"}, status=500)
     guarded.__name__ = guarded.__qualname__ = f"memx_{handler.__name__}"
     return guarded
+
+
+# the kit for the routes another wing registers on the same terms (sharing.routes)
+guarded, answer, guard = _guarded, _json, _guard
 
 
 # -- registration ----------------------------------------------------------------------------------------------------
@@ -317,9 +286,5 @@ def register(server):
     else:
         routes.get(METRICS_PATH)(metrics_handler)
         served.append(METRICS_PATH)
-    if STATE.config.handoff == "host":
-        routes.post("/memx/handoff")(_guarded("/memx/handoff", handlers.give))
-        routes.post("/memx/handoff/request")(_guarded("/memx/handoff/request", handlers.ask))
-        served += ["/memx/handoff", "/memx/handoff/request"]
     setattr(server, _REGISTERED, served)
     return served

@@ -42,6 +42,7 @@ import sys
 import time
 import types
 
+from comfy_memx.core.errors import MemxError
 from comfy_memx.leaks.holders.budget import Budget
 from comfy_memx.leaks.holders.labels import _TYPE_MRO, class_module
 from comfy_memx.leaks.holders.packages import custom_node_modules, module_namespace
@@ -138,7 +139,7 @@ def core_watch_types():
     return tuple(found)
 
 
-class GraphChanged(Exception):
+class GraphChanged(MemxError):
     """A reference the probe recorded is gone (another thread changed the graph): its chains are not reported."""
 
 

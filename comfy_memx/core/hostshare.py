@@ -41,6 +41,9 @@ import stat
 import tempfile
 import time
 
+from comfy_memx.core.errors import MemxError
+from comfy_memx.core.state import STATE
+
 log = logging.getLogger("comfy_memx")
 
 REGISTRY_NAME = "comfy_memx-pins"
@@ -50,7 +53,7 @@ MAX_DATA_CHARS = 4096
 MAX_FILE_BYTES = 1 << 20
 
 
-class RegistryUnavailable(OSError):
+class RegistryUnavailable(MemxError, OSError):
     """The registry cannot be used safely here (another user owns its folder or file, a link, no lock); the message
     says which path and why.  Callers fall back to what they can decide alone (the in-process pin cap)."""
 
@@ -335,16 +338,12 @@ def _file_lock(lock_path, timeout):
         return filelock.FileLock(lock_path, timeout=timeout)
 
 
-_identities = {}   # pid -> {"token", "pid", "start", "boot"}; keyed by pid so a forked child gets its own
-_live_locks = {}   # (pid, folder) -> the held lock of this process's live file
-
-
 def _identity():
     pid = os.getpid()
-    identity = _identities.get(pid)
+    identity = STATE.host_identity.get(pid)   # keyed by pid, so a forked child gets its own
     if identity is None:
-        identity = _identities[pid] = {"token": secrets.token_hex(16), "pid": pid, "start": _process_start(pid),
-                                       "boot": _boot_id()}
+        identity = STATE.host_identity[pid] = {"token": secrets.token_hex(16), "pid": pid,
+                                               "start": _process_start(pid), "boot": _boot_id()}
     return identity
 
 
@@ -360,14 +359,14 @@ def _live_path(folder, token):
 
 def _hold_own_liveness(folder):
     key = (os.getpid(), folder)
-    if key in _live_locks:
+    if key in STATE.host_live_locks:
         return
     lock = _file_lock(_live_path(folder, _identity()["token"]), 0)
     try:
         lock.acquire()
     except Exception as exc:
         raise RegistryUnavailable(0, "cannot hold the live file in %s (%s)" % (folder, exc)) from None
-    _live_locks[key] = lock
+    STATE.host_live_locks[key] = lock
 
 
 def _alive(folder, token):

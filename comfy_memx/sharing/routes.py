@@ -1,0 +1,78 @@
+"""The GPU hand-off's routes on ComfyUI's own PromptServer, registered by this wing itself.
+
+=========================  ======  ==============================================================================
+route                      method  answer
+=========================  ======  ==============================================================================
+``/memx/handoff``          POST    a peer of the group asks this instance to unload (peer secret only)
+``/memx/handoff/request``  POST    ask the idle peers to unload ``?bytes=N`` (guarded, one at a time)
+=========================  ======  ==============================================================================
+
+Only with ``COMFY_MEMX_HANDOFF=host``.  They are served on the surface's terms: the same error JSON and guard
+(``surface.routes.guarded``/``guard``), the same access rules (``surface.access``), bodies read by ``surface.bodies``
+and the blocking work on ``gate.work()``.
+"""
+
+import asyncio
+
+from comfy_memx.core.state import STATE
+from comfy_memx.sharing import handoff
+from comfy_memx.surface import access, bodies, gate
+from comfy_memx.surface.bodies import Field
+from comfy_memx.surface.routes import MAX_TIMEOUT_S, HttpError, answer, guard, guarded
+
+GIVE_FIELDS = {"bytes": Field("int", 0, 2 ** 62), "from": Field("int", 0, 2 ** 62), "device": Field("str"),
+               "timeout": Field("number", 0, MAX_TIMEOUT_S)}
+PATHS = ("/memx/handoff", "/memx/handoff/request")
+_REGISTERED = "_comfy_memx_handoff_routes"
+
+
+class HandoffHandlers:
+    """The hand-off handlers of one PromptServer (they need its ``prompt_queue``)."""
+
+    def __init__(self, server):
+        self.server = server
+        self.asking = False  # one /memx/handoff/request at a time
+
+    async def give(self, request):
+        """POST /memx/handoff: a peer of this instance's group asks it to unload (answered only when idle)."""
+        if not access.peer_ok(request, handoff.part().secret):
+            raise HttpError(403, "forbidden", "this route answers only peers of the same hand-off group "
+                                              "(COMFY_MEMX_HANDOFF_GROUP) of this user on this host")
+        body = await bodies.read_object(request, GIVE_FIELDS)
+        loop = asyncio.get_running_loop()
+        status, given = await loop.run_in_executor(gate.work(), handoff.give, self.server.prompt_queue, body)
+        return answer(given, status=status)
+
+    async def ask(self, request):
+        """POST /memx/handoff/request?bytes=N: ask the idle peers on this device to unload N bytes now (guarded;
+        one at a time)."""
+        guard(request)
+        text = request.query.get("bytes", "")
+        nbytes = int(text) if text.isdigit() and len(text) <= 19 else -1
+        if nbytes <= 0:
+            raise HttpError(400, "bad_bytes", "bytes must be a whole number of bytes > 0")
+        if self.asking:
+            raise HttpError(429, "busy", "a hand-off request is in progress",
+                            retry_after=1 + int(STATE.config.handoff_wait))
+        self.asking = True
+        try:
+            loop = asyncio.get_running_loop()
+            return answer(await loop.run_in_executor(gate.work(), handoff.ask_peers, nbytes, "request"))
+        finally:
+            self.asking = False
+
+
+def register(server):
+    """Add the hand-off routes to ``server.routes`` when ``COMFY_MEMX_HANDOFF=host``; returns the paths served
+    (none when off).  A second call on the same server adds nothing."""
+    served = getattr(server, _REGISTERED, None)
+    if served is not None:
+        return served
+    served = []
+    if STATE.config.handoff == "host":
+        handlers = HandoffHandlers(server)
+        server.routes.post(PATHS[0])(guarded(PATHS[0], handlers.give))
+        server.routes.post(PATHS[1])(guarded(PATHS[1], handlers.ask))
+        served = list(PATHS)
+    setattr(server, _REGISTERED, served)
+    return served
