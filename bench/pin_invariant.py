@@ -5,7 +5,7 @@ Run it with the interpreter of a ComfyUI tree (0.27.0 or newer; comfy_memx impor
     python bench/pin_invariant.py --comfyui path/to/ComfyUI [--limit 2.5MiB] [--register fake|real] [--json OUT]
 
 It prints one JSON object (and writes it to ``--json``); exit status 0 when every check held, 1 when one failed,
-2 when it could not run.  ``tests/test_real_pins.py`` runs it with ``--register fake`` on CPU; ``bench/gpu_check.py``
+2 when it could not run.  ``tests/real/test_real_pins.py`` runs it with ``--register fake`` on CPU; ``bench/gpu_check.py``
 runs it with ``--register real`` on an NVIDIA GPU.
 
 What runs for real: ComfyUI's ``load_models_gpu``, ``LoadedModel``, ``ModelPatcher.load`` / ``detach`` (legacy

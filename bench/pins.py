@@ -14,7 +14,7 @@ Pins are requested one 64 MiB module at a time, as ComfyUI does, and may be evic
              use is farthest in the future (Belady's rule, partially, as much as needed).  With every byte of a
              model sharing its model's next-use time, Belady's exchange argument carries over, so this is the exact
              minimum of bytes registered among all policies that pin each model fully for its load, for equal and
-             mixed sizes alike; ``tests/test_bench_pins.py`` checks it against exhaustive search on small cases.
+             mixed sizes alike; ``tests/unit/test_bench_pins.py`` checks it against exhaustive search on small cases.
 
 Besides pure cycles, one "hires" pattern per size mix (TE, UNet, VAE, UNet, VAE) shows a workflow that is not a
 pure cycle; there MRU is no longer optimal.

@@ -442,7 +442,8 @@ def test_leak_fail_exits_with_status_3_at_shutdown(tmp_path, fail, status):
     pack_dir = write_pack(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMFY_MEMX")}
     out = subprocess.run([sys.executable, "-m", "comfy_memx", "--leak-fail", fail,
-                          os.path.join(os.path.dirname(__file__), "scripts", "leak_then_exit.py"),
+                          os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
+                                       "leak_then_exit.py"),
                           shape_root("0.27.0"), str(pack_dir)], capture_output=True, text=True, env=env, timeout=120)
     assert "script finished" in out.stdout
     assert out.returncode == status, out.stderr

@@ -1,6 +1,6 @@
 """The pinned-memory patches on the ComfyUI stand-ins: cap, MRU eviction, no churn, RAM pressure, threads, events,
 and (with ``fake_comfy.v0_38_pins``) the 0.33+/0.38 shapes: per-subset pins, fast subsets, tiered eviction, the new
-``pin_memory`` answer and disable switch.  ComfyUI's own pin code is exercised in tests/test_real_pins.py.
+``pin_memory`` answer and disable switch.  ComfyUI's own pin code is exercised in tests/real/test_real_pins.py.
 
 The 0.27.0 stand-in pins through a simulated CUDA registration backend (``HOST_REGISTER``); models are tiny (a few
 MiB of 1 MiB tensors) and caps are set in MiB with ``COMFY_MEMX_PIN_LIMIT``.  In the NO_VRAM state the stand-in

@@ -22,7 +22,7 @@ from comfy_memx.pins import hostshare
 from comfy_memx.pins.budget import PinBudget
 from comfy_memx.pins.hostshare import HostRegistry
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def filled(cap, sizes, **kwargs):

@@ -12,35 +12,13 @@ import pytest
 from comfy_memx import fleet
 from comfy_memx.cli import fleet as fleet_cli
 from comfy_memx.surface import metrics
+from fleet_queries import (GRAFANA_VARIABLES, dashboard_exprs, data_panels, grafana_free,  # noqa: F401
+                           load_dashboard, prom_module)
 
 prometheus_parser = pytest.importorskip("prometheus_client.parser")
 
 SELECTOR = 'job=~"$job", instance=~"$instance"'
 GRID_COLUMNS = 24
-# Grafana's built-in interval variables, replaced by a fixed window to check or run a query outside Grafana.
-GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$__interval": "1m", "$__range": "1h"}
-
-
-def load_dashboard():
-    with open(fleet.dashboard_path(), encoding="utf-8") as handle:
-        return json.load(handle)
-
-
-def data_panels(dashboard):
-    """Every panel that queries (rows only group), with nested row panels included."""
-    found = []
-    for panel in dashboard["panels"]:
-        found.extend(panel.get("panels", []))
-        if panel["type"] != "row":
-            found.append(panel)
-    return found
-
-
-def dashboard_exprs(dashboard=None):
-    """``[(panel title, refId, expr)]`` of every target of the dashboard."""
-    dashboard = dashboard or load_dashboard()
-    return [(panel["title"], target["refId"], target["expr"]) for panel in data_panels(dashboard)
-            for target in panel["targets"]]
 
 
 def rules_text():
@@ -175,21 +153,3 @@ def test_dashboard_queries_are_valid_promql(tmp_path):
     done = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"SUCCESS: {len(dashboard_exprs())} rules found" in done.stdout
-
-
-def grafana_free(expr, variables=None):
-    """``expr`` with Grafana's interval variables replaced by fixed windows (``$job``/``$instance`` stay: inside
-    a regex matcher they are valid PromQL; pass ``variables`` to replace them too)."""
-    for name, value in {**GRAFANA_VARIABLES, **(variables or {})}.items():
-        expr = expr.replace(name, value)
-    return expr
-
-
-def prom_module():
-    import importlib.util
-
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "real_comfy", "prom.py")
-    spec = importlib.util.spec_from_file_location("memx_test_prom", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module

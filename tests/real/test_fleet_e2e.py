@@ -26,7 +26,7 @@ import time
 
 import pytest
 
-from test_fleet_files import dashboard_exprs, grafana_free, prom_module
+from fleet_queries import dashboard_exprs, grafana_free, prom_module
 from test_real_comfyui import (PYTHON_ENV, TREES_ENV, configured_python, configured_trees, drive)
 
 from comfy_memx import fleet

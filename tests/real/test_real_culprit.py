@@ -19,7 +19,7 @@ from memx_helpers import load_module
 from test_real_comfyui import (FailedSession, configured_python, drive, memx_importable_by_real_python,  # noqa: F401
                                needs_real_comfyui, real_trees, ready, run_session, where)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 culprit = load_module("memx_real_culprit", os.path.join(HERE, "real_comfy", "culprit.py"))
 PATCHER_PACK = os.path.join(HERE, "real_comfy", "memx_multigpu_like")
 PACKS = [drive.NODE_PACK_NAME, culprit.pack_dir(culprit.LOADER), *map(culprit.pack_dir, culprit.HOLDERS)]

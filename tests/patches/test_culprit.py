@@ -24,7 +24,8 @@ from comfy_memx.ledger import attribution
 from memx_helpers import load_module, memx_on, read_events
 
 VERSIONS = ["0.3.64", "0.27.0"]
-culprit = load_module("memx_culprit", os.path.join(os.path.dirname(__file__), "real_comfy", "culprit.py"))
+culprit = load_module("memx_culprit", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "real_comfy",
+                                                "culprit.py"))
 LOADER = culprit.LOADER
 #: holder pack -> (the path its chain starts with, pattern)
 HOLDERS = {name: (path, pattern) for name, (_, path, pattern) in culprit.HOLDERS.items()}

@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "pins.py")
+_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench", "pins.py")
 _spec = importlib.util.spec_from_file_location("bench_pins", _PATH)
 pins = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(pins)

@@ -14,7 +14,7 @@ import pytest
 
 from comfy_memx import fleet
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/
 ROOT = HERE.parent
 UNIT_TESTS = HERE / "fleet" / "alerts_test.yml"
 

@@ -17,7 +17,7 @@ import comfy_memx
 from comfy_memx.core import discovery
 from comfy_memx.core.errors import SetupError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 INSTALL_KIND = os.environ.get("MEMX_TEST_INSTALL")  # set by .ci/run: "wheel" or "editable"
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ECHO = Path(__file__).parent / "scripts" / "echo_argv.py"
+ECHO = Path(__file__).parents[1] / "scripts" / "echo_argv.py"
 
 
 def run(args, cwd=None, env=None):

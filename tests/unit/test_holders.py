@@ -23,7 +23,7 @@ from comfy_memx.leaks.holders.probe import refcount_calibrated
 SHORTCUT = refcount_calibrated()
 PROBE_ALONE = "skipped" if SHORTCUT else "remaining"
 
-FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "holder_fixtures")
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "holder_fixtures")
 CUSTOM_NODES = os.path.join(FIXTURES, "custom_nodes")
 
 

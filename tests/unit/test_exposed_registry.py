@@ -17,7 +17,7 @@ from comfy_memx.pins import hostshare
 from comfy_memx.pins.budget import PinBudget
 from comfy_memx.pins.hostshare import HostRegistry, RegistryUnavailable
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MiB = 1024 ** 2
 OTHER_UID = 12345
 

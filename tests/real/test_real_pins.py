@@ -9,7 +9,7 @@ exceeded, that the victims are the most recently used other model, and that noth
 again within one ``load_models_gpu``.
 
 Skipped unless ``COMFY_MEMX_REAL_COMFYUI`` (trees, os.pathsep-separated) and ``COMFY_MEMX_REAL_PYTHON`` (their
-interpreter) are set, as in tests/test_real_comfyui.py.  About 10-15 s per tree (mostly ComfyUI's import).
+interpreter) are set, as in tests/real/test_real_comfyui.py.  About 10-15 s per tree (mostly ComfyUI's import).
 """
 
 import json
@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DRIVER = os.path.join(ROOT, "bench", "pin_invariant.py")
 TREES_ENV = "COMFY_MEMX_REAL_COMFYUI"
 PYTHON_ENV = "COMFY_MEMX_REAL_PYTHON"

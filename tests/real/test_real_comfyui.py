@@ -14,7 +14,7 @@ The default text-to-image workflow needs the random-weight SD1.5 checkpoint of `
 Example::
 
     COMFY_MEMX_REAL_COMFYUI=/tmp/ct/v0.3.64:/tmp/ct/v0.27.0:/tmp/ct/v0.33.0 \\
-    COMFY_MEMX_REAL_PYTHON=/work/comfy-venv/bin/python python -m pytest -q tests/test_real_comfyui.py
+    COMFY_MEMX_REAL_PYTHON=/work/comfy-venv/bin/python python -m pytest -q tests/real/test_real_comfyui.py
 
 Three servers per tree, each booted once and shared by the tests of this module (a session runs all its steps at
 its first use, stops the server, and the tests read what it recorded); every step marks where it starts and ends in
@@ -49,7 +49,7 @@ import pytest
 
 from memx_helpers import load_module
 
-REAL_COMFY_DIR = Path(__file__).parent / "real_comfy"
+REAL_COMFY_DIR = Path(__file__).parents[1] / "real_comfy"
 TREES_ENV = "COMFY_MEMX_REAL_COMFYUI"
 PYTHON_ENV = "COMFY_MEMX_REAL_PYTHON"
 CHECKPOINT_ENV = "COMFY_MEMX_REAL_CHECKPOINT"

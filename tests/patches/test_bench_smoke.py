@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "bench" / "run.py"
 CASES = ("load", "offload", "overhead", "leak", "pins", "features")
 STAND_IN_TREE = ROOT / "tests" / "fake_comfy" / "v0_27_0"

@@ -62,7 +62,7 @@ def test_launcher_flags_derive_from_names():
 
 
 def test_readme_configuration_table_matches_settings():
-    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
     table = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
     documented = set(re.findall(r"^\| `(COMFY_MEMX[A-Z_]*)`", table, flags=re.M))
     assert documented == {s.env for s in config.SETTINGS}

@@ -11,7 +11,7 @@ import pytest
 from fake_comfy.loader import shape_root
 from comfy_memx import __version__
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 PROBE = ("import sys; print('memx' if 'comfy_memx' in sys.modules else 'none', "
          "sorted(m for m in ('torch', 'logging', 'comfy_memx.core.bootstrap') if m in sys.modules))")
 

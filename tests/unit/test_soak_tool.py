@@ -14,7 +14,7 @@ import pytest
 
 from memx_helpers import load_module
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REAL_COMFY = ROOT / "tests" / "real_comfy"
 MIB = 1024 ** 2
 
