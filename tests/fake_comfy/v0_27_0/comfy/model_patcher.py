@@ -5,27 +5,15 @@ freshly allocated "device" buffer (kept in ``model._sim_device_weights``); offlo
 buffer.  A CPU load device needs no copy.  ``model.model_loaded_weight_memory`` counts resident bytes.  Partial
 loads and unloads move whole tensors.  Offloaded weights are pinned and loaded ones unpinned, as 0.27.0 does.
 """
-import logging
-import uuid
-from functools import reduce
+from comfy_memx.cli.demo_world.base import extend
 
-import torch
-
-import comfy.model_management
+extend(globals(), "comfy/model_patcher")
 
 _MODULE_DEFAULTS = (("model_loaded_weight_memory", 0), ("lowvram_patch_counter", 0), ("model_lowvram", False),
                     ("current_weight_patches_uuid", None), ("model_offload_buffer_memory", 0))
 
 
-def _copy_options(value):
-    if isinstance(value, dict):
-        return {k: _copy_options(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_copy_options(v) for v in value]
-    return value
-
-
-class ModelPatcher:
+class ModelPatcher(_SharedModelPatcher):
     """Wraps a torch module with its load/offload devices and moves its weights between them."""
 
     def __init__(self, model, load_device, offload_device, size=0, weight_inplace_update=False):
@@ -56,20 +44,6 @@ class ModelPatcher:
     def is_dynamic(self):
         return False
 
-    def model_size(self):
-        """Bytes of all weights (computed once, or the ``size`` given to the constructor)."""
-        if self.size > 0:
-            return self.size
-        self.size = comfy.model_management.module_size(self.model)
-        return self.size
-
-    def loaded_size(self):
-        """Bytes of weights currently on the load device."""
-        return self.model.model_loaded_weight_memory
-
-    def lowvram_patch_counter(self):
-        return self.model.lowvram_patch_counter
-
     def clone(self, disable_dynamic=False, model_override=None, force_deepcopy=False):
         """A new patcher on the same torch module, with ``parent`` set and backups/pins shared."""
         n = self.__class__(self.model, self.load_device, self.offload_device, self.model_size(),
@@ -84,37 +58,8 @@ class ModelPatcher:
         n.clone_base_uuid = self.clone_base_uuid
         return n
 
-    def is_clone(self, other):
-        """True when ``other`` wraps the same torch module."""
-        return hasattr(other, "model") and self.model is other.model
-
     def get_nested_additional_models(self):
         return [m for models in self.additional_models.values() for m in models]
-
-    def model_patches_to(self, device):
-        for patch_list in self.model_options["transformer_options"].get("patches", {}).values():
-            for i, patch in enumerate(patch_list):
-                if hasattr(patch, "to"):
-                    patch_list[i] = patch.to(device)
-
-    def model_patches_models(self):
-        """Extra ModelPatchers that model patches (e.g. ControlNets) need loaded alongside this one."""
-        models = []
-        for patch_list in self.model_options["transformer_options"].get("patches", {}).values():
-            for patch in patch_list:
-                if hasattr(patch, "models"):
-                    models += patch.models()
-        return models
-
-    def model_dtype(self):
-        if hasattr(self.model, "get_dtype"):
-            return self.model.get_dtype()
-
-    def _weights(self):
-        return list(self.model.named_parameters()) + list(self.model.named_buffers())
-
-    def _get_weight(self, key):
-        return reduce(getattr, key.split("."), self.model)
 
     def _to_device(self, key, tensor, device_to):
         self.unpin_weight(key)
@@ -124,11 +69,6 @@ class ModelPatcher:
         buffer = torch.empty_like(tensor)
         buffer.copy_(tensor)
         self.model._sim_device_weights[key] = buffer
-
-    def _to_offload(self, key):
-        buffer = self.model._sim_device_weights.pop(key)
-        if buffer is not None:
-            self._get_weight(key).copy_(buffer)
 
     def pin_weight_to_device(self, key):
         """Pin the CPU copy of weight ``key`` and remember it in ``pinned``."""
@@ -239,17 +179,6 @@ class ModelPatcher:
 
     def partially_unload_ram(self, ram_to_unload):
         return 0
-
-    def detach(self, unpatch_all=True):
-        """Move model patches to the offload device and, with ``unpatch_all``, offload every weight; returns the module."""
-        self.model_patches_to(self.offload_device)
-        if unpatch_all:
-            self.unpatch_model(self.offload_device, unpatch_weights=unpatch_all)
-        return self.model
-
-    def current_loaded_device(self):
-        """The device the module's weights were last loaded to (its offload device when unloaded)."""
-        return self.model.device
 
     def __del__(self):
         self.unpin_all_weights()
