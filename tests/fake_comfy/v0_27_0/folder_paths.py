@@ -1,4 +1,5 @@
-"""Stand-in for ``folder_paths.py``: where custom node packs are looked up (stdlib only, imports cli_args like: the shared stand-in source (comfy_memx/cli/demo_world/base/folder_paths.py), as it is."""
-from comfy_memx.cli.demo_world.base import extend
+"""ComfyUI 0.27.0 stand-in, ``folder_paths.py``: its source is
+comfy_memx/cli/demo_world/standin/v0_27_0/folder_paths.py."""
+from comfy_memx.cli.demo_world.standin import extend
 
-extend(globals(), "folder_paths")
+extend(globals(), "v0_27_0/folder_paths")

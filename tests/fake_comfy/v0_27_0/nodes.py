@@ -1,4 +1,5 @@
-"""Stand-in for ComfyUI's ``nodes.py``: a few core nodes for simulated models and the custom-node loader: the shared stand-in source (comfy_memx/cli/demo_world/base/nodes.py), as it is."""
-from comfy_memx.cli.demo_world.base import extend
+"""ComfyUI 0.27.0 stand-in, ``nodes.py``: its source is
+comfy_memx/cli/demo_world/standin/v0_27_0/nodes.py."""
+from comfy_memx.cli.demo_world.standin import extend
 
-extend(globals(), "nodes")
+extend(globals(), "v0_27_0/nodes")

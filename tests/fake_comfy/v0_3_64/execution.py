@@ -6,9 +6,9 @@ signature (so a loader's ModelPatcher stays alive as in ComfyUI).  Memory calls 
 ``cleanup_models_gc()`` once per prompt after cache set-up, ``unload_all_models()`` in the OOM handler
 (``isinstance(ex, OOM_EXCEPTION)``) and at the end when DISABLE_SMART_MEMORY.  No validation, subgraphs or UI.
 """
-from comfy_memx.cli.demo_world.base import extend
+from comfy_memx.cli.demo_world.standin import extend
 
-extend(globals(), "execution")
+extend(globals(), "shared/execution")
 
 
 class CacheType(Enum):

@@ -10,7 +10,7 @@ Run: ``python tests/fake_comfy/v0_3_64/main.py --cpu --quick-test-for-ci``.
 """
 import logging
 
-from comfy_memx.cli.demo_world.base import extend
+from comfy_memx.cli.demo_world.standin import extend
 
 LOG_FORMATTER = logging.Formatter     # bare messages, no level prefix
 STARTUP_MODULES = ()
@@ -32,4 +32,4 @@ def make_executor(server_instance):
     return execution.PromptExecutor(server_instance, cache_type=cache_type, cache_size=args.cache_lru)
 
 
-extend(globals(), "main")
+extend(globals(), "shared/main")

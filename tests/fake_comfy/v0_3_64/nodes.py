@@ -1,4 +1,4 @@
 """Stand-in for ComfyUI's ``nodes.py``: a few core nodes for simulated models and the custom-node loader: the shared stand-in source (comfy_memx/cli/demo_world/base/nodes.py), as it is."""
-from comfy_memx.cli.demo_world.base import extend
+from comfy_memx.cli.demo_world.standin import extend
 
-extend(globals(), "nodes")
+extend(globals(), "shared/nodes")

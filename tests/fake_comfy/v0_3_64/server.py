@@ -11,9 +11,9 @@ current prompt).
 Left out: websockets (messages are dropped), the frontend and static files, user/model/subgraph managers,
 middlewares, TLS, uploads, prompt validation beyond the node classes.
 """
-from comfy_memx.cli.demo_world.base import extend
+from comfy_memx.cli.demo_world.standin import extend
 
-extend(globals(), "server")
+extend(globals(), "shared/server")
 import os
 
 

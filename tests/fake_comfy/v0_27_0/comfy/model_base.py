@@ -1,4 +1,5 @@
-"""Stand-in for ``comfy/model_base.py``: ``BaseModel`` is a plain torch module of N equal weight tensors: the shared stand-in source (comfy_memx/cli/demo_world/base/comfy/model_base.py), as it is."""
-from comfy_memx.cli.demo_world.base import extend
+"""ComfyUI 0.27.0 stand-in, ``comfy/model_base.py``: its source is
+comfy_memx/cli/demo_world/standin/v0_27_0/comfy/model_base.py."""
+from comfy_memx.cli.demo_world.standin import extend
 
-extend(globals(), "comfy/model_base")
+extend(globals(), "v0_27_0/comfy/model_base")

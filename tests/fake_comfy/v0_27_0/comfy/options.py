@@ -1,4 +1,5 @@
-"""Stand-in for ``comfy/options.py``: main.py flips ``args_parsing`` on before anything imports cli_args: the shared stand-in source (comfy_memx/cli/demo_world/base/comfy/options.py), as it is."""
-from comfy_memx.cli.demo_world.base import extend
+"""ComfyUI 0.27.0 stand-in, ``comfy/options.py``: its source is
+comfy_memx/cli/demo_world/standin/v0_27_0/comfy/options.py."""
+from comfy_memx.cli.demo_world.standin import extend
 
-extend(globals(), "comfy/options")
+extend(globals(), "v0_27_0/comfy/options")

@@ -1,4 +1,5 @@
-"""Stand-in for ``comfy/utils.py``: only ``load_torch_file`` (importing this module is what first imports torch): the shared stand-in source (comfy_memx/cli/demo_world/base/comfy/utils.py), as it is."""
-from comfy_memx.cli.demo_world.base import extend
+"""ComfyUI 0.27.0 stand-in, ``comfy/utils.py``: its source is
+comfy_memx/cli/demo_world/standin/v0_27_0/comfy/utils.py."""
+from comfy_memx.cli.demo_world.standin import extend
 
-extend(globals(), "comfy/utils")
+extend(globals(), "v0_27_0/comfy/utils")

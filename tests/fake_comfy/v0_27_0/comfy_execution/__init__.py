@@ -1,4 +1,5 @@
-"""Test stand-in for ComfyUI's ``comfy_execution`` package: the shared stand-in source (comfy_memx/cli/demo_world/base/comfy_execution/__init__.py), as it is."""
-from comfy_memx.cli.demo_world.base import extend
+"""ComfyUI 0.27.0 stand-in, ``comfy_execution/__init__.py``: its source is
+comfy_memx/cli/demo_world/standin/v0_27_0/comfy_execution/__init__.py."""
+from comfy_memx.cli.demo_world.standin import extend
 
-extend(globals(), "comfy_execution/__init__")
+extend(globals(), "v0_27_0/comfy_execution/__init__")

@@ -1,4 +1,5 @@
-"""Stand-in for ``comfy_execution/utils.py``: which prompt/node is executing, as a ContextVar: the shared stand-in source (comfy_memx/cli/demo_world/base/comfy_execution/utils.py), as it is."""
-from comfy_memx.cli.demo_world.base import extend
+"""ComfyUI 0.27.0 stand-in, ``comfy_execution/utils.py``: its source is
+comfy_memx/cli/demo_world/standin/v0_27_0/comfy_execution/utils.py."""
+from comfy_memx.cli.demo_world.standin import extend
 
-extend(globals(), "comfy_execution/utils")
+extend(globals(), "v0_27_0/comfy_execution/utils")

@@ -4,9 +4,9 @@ Like the real module, ``sys.argv`` is parsed once, at first import, and only whe
 ``comfy.options.args_parsing`` is already True; otherwise ``args`` holds the defaults for good.
 Unknown options (e.g. ``--disable-pinned-memory``, new in later versions) make argparse exit with status 2.
 """
-from comfy_memx.cli.demo_world.base import extend
+from comfy_memx.cli.demo_world.standin import extend
 
-extend(globals(), "comfy/cli_args")
+extend(globals(), "shared/comfy/cli_args")
 
 vram_group.add_argument("--normalvram", action="store_true")
 parser.add_argument("--async-offload", action="store_true")

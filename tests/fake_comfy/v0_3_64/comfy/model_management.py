@@ -10,9 +10,9 @@ Everything else is simulated:
   memory pressure.  :func:`set_sim_device` switches between that GPU and a ``--cpu`` shape.
 * ``SIM_RAM_AVAILABLE`` (bytes) overrides psutil's available RAM when not None.
 """
-from comfy_memx.cli.demo_world.base import extend
+from comfy_memx.cli.demo_world.standin import extend
 
-extend(globals(), "comfy/model_management")
+extend(globals(), "shared/comfy/model_management")
 
 
 

@@ -5,9 +5,9 @@ freshly allocated "device" buffer (kept in ``model._sim_device_weights``); offlo
 buffer.  A CPU load device needs no copy.  ``model.model_loaded_weight_memory`` counts resident bytes.  Partial
 loads and unloads move whole tensors.
 """
-from comfy_memx.cli.demo_world.base import extend
+from comfy_memx.cli.demo_world.standin import extend
 
-extend(globals(), "comfy/model_patcher")
+extend(globals(), "shared/comfy/model_patcher")
 
 _MODULE_DEFAULTS = (("model_loaded_weight_memory", 0), ("lowvram_patch_counter", 0), ("model_lowvram", False),
                     ("current_weight_patches_uuid", None))
