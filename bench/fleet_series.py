@@ -3,7 +3,7 @@ server of a soak (``bench/soak.py``, run unchanged) every second, and counts wha
 
 ::
 
-    python bench/fleet_series.py --comfyui PATH --python PY [--prompts 200] [--json OUT] [--keep]
+    python -m bench.fleet_series --comfyui PATH --python PY [--prompts 200] [--json OUT] [--keep]
                                  [-- extra soak.py args]
 
 Standard library only. ``prometheus`` comes from ``PATH`` (Debian's ``prometheus`` package) or

@@ -21,7 +21,7 @@ pure cycle; there MRU is no longer optimal.
 
 Each figure is a record ``{"case": "pins", "metric": "bytes_registered_per_cycle", "policy", "config", "value",
 "unit": "bytes"}`` (steady state, after warm-up cycles), plus ``bytes_registered_total`` over the whole run.
-Run ``python bench/pins.py [--quick] [--json]`` for a table.
+Run ``python -m bench.pins [--quick] [--json]`` for a table.
 """
 
 import argparse
@@ -29,11 +29,7 @@ import json
 import os
 import sys
 
-try:
-    from comfy_memx.pins.budget import PinBudget
-except ImportError:  # run as a script from a checkout
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from comfy_memx.pins.budget import PinBudget
+from comfy_memx.pins.budget import PinBudget
 
 MIB = 1024 ** 2
 GIB = 1024 ** 3

@@ -2,7 +2,7 @@
 
 ::
 
-    python bench/retention.py --comfyui PATH [--python PY] [--rounds N] [--prompts K] [--json OUT]
+    python -m bench.retention --comfyui PATH [--python PY] [--rounds N] [--prompts K] [--json OUT]
 
 Each round starts the tree twice, one server after the other and alternating which goes first (``--cpu``, under
 ``python -m comfy_memx``): once with ``COMFY_MEMX_TRIM=1`` (the default) and once with ``COMFY_MEMX_TRIM=0``.  Each

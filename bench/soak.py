@@ -2,7 +2,7 @@
 
 ::
 
-    python bench/soak.py --comfyui PATH [--python PY] [--prompts N] [--leak-mode strict|report|off] [--check]
+    python -m bench.soak --comfyui PATH [--python PY] [--prompts N] [--leak-mode strict|report|off] [--check]
                          [--json OUT] [--checkpoint FILE] [--port-base P] [--timeout S] [--no-plain]
                          [--work-dir DIR] [--keep]
 

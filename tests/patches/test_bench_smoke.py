@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from memx_helpers import bench_env
+
 ROOT = Path(__file__).resolve().parents[2]
-RUN = ROOT / "bench" / "run.py"
 CASES = ("load", "offload", "overhead", "leak", "pins", "features")
 STAND_IN_TREE = ROOT / "tests" / "fake_comfy" / "v0_27_0"
 # record() keeps 4 significant digits (values < 1) or 4 decimals: at most this relative error, and nothing more
@@ -22,14 +23,7 @@ ROUNDING = 5.001e-4
 
 
 def bench_module(name):
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    return importlib.import_module(f"bench.{name}")
 
 
 def run_bench(tmp_path, *args):
@@ -37,8 +31,8 @@ def run_bench(tmp_path, *args):
     scratch = tmp_path / "scratch"
     scratch.mkdir(exist_ok=True)
     out = tmp_path / "records.json"
-    env = dict(os.environ, TMPDIR=str(scratch))
-    process = subprocess.run([sys.executable, str(RUN), *args, "--json", str(out), "--no-chart"], cwd=tmp_path,
+    env = bench_env(dict(os.environ, TMPDIR=str(scratch)))
+    process = subprocess.run([sys.executable, "-m", "bench.run", *args, "--json", str(out), "--no-chart"], cwd=tmp_path,
                              env=env, capture_output=True, text=True, timeout=300)
     records = json.loads(out.read_text(encoding="utf-8")) if out.exists() else None
     return process, records, sorted(p.name for p in scratch.iterdir())

@@ -19,8 +19,10 @@ import sys
 
 import pytest
 
+from memx_helpers import bench_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DRIVER = os.path.join(ROOT, "bench", "pin_invariant.py")
+DRIVER = ["-m", "bench.pin_invariant"]     # run with the checkout on PYTHONPATH
 TREES_ENV = "COMFY_MEMX_REAL_COMFYUI"
 PYTHON_ENV = "COMFY_MEMX_REAL_PYTHON"
 MiB = 1024 ** 2
@@ -58,7 +60,7 @@ def verdicts(tmp_path_factory):
             out = tmp_path_factory.mktemp("pins") / "verdict.json"
             env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
             env.pop("COMFY_MEMX", None)
-            proc = subprocess.run([os.environ[PYTHON_ENV], DRIVER, "--comfyui", tree, "--register", "fake",
+            proc = subprocess.run([os.environ[PYTHON_ENV], *DRIVER, "--comfyui", tree, "--register", "fake",
                                    "--json", str(out)], capture_output=True, text=True, timeout=240, env=env,
                                   cwd=str(out.parent))
             assert out.exists(), "driver wrote no verdict (rc %d):\n%s" % (proc.returncode, proc.stderr[-4000:])
@@ -103,7 +105,7 @@ def test_subsets_of_the_version_are_counted(tree, verdicts):
 
 
 def test_driver_refuses_a_tree_without_comfyui(tmp_path):
-    proc = subprocess.run([sys.executable, DRIVER, "--comfyui", str(tmp_path), "--json", str(tmp_path / "v.json")],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, *DRIVER, "--comfyui", str(tmp_path), "--json", str(tmp_path / "v.json")],
+                          capture_output=True, text=True, timeout=120, env=bench_env())
     verdict = json.loads((tmp_path / "v.json").read_text())
     assert proc.returncode == 2 and verdict["ok"] is False and "comfy" in verdict["error"]

@@ -14,17 +14,12 @@ import textwrap
 
 import pytest
 
-_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench", "pins.py")
-_spec = importlib.util.spec_from_file_location("bench_pins", _PATH)
-pins = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(pins)
+from bench import gpu_check, pins
+from memx_helpers import bench_env
 
 M = pins.MODULE_BYTES
 
-_GPU_PATH = os.path.join(os.path.dirname(_PATH), "gpu_check.py")
-_spec = importlib.util.spec_from_file_location("bench_gpu_check", _GPU_PATH)
-gpu_check = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gpu_check)
+GPU_CHECK = [sys.executable, "-m", "bench.gpu_check"]
 
 
 @pytest.fixture(scope="module")
@@ -130,8 +125,8 @@ def test_gpu_check_without_cuda_is_a_skipped_verdict(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the skipped path does not apply")
     tree, out = comfy_tree(tmp_path / "ComfyUI"), tmp_path / "verdict.json"
-    proc = subprocess.run([sys.executable, _GPU_PATH, "--comfyui", str(tree), "--json", str(out)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(GPU_CHECK + ["--comfyui", str(tree), "--json", str(out)],
+                          capture_output=True, text=True, timeout=120, env=bench_env())
     assert proc.returncode == 0, proc.stderr
     printed = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(printed) == 1 and printed[0] == json.loads(out.read_text())
@@ -203,7 +198,7 @@ def test_gpu_check_measurements_report_errors_instead_of_raising(measurement):
     import torch
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the measurement would run")
-    proc = subprocess.run([sys.executable, _GPU_PATH, "--measure", measurement, "--bytes", str(1024 ** 2)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(GPU_CHECK + ["--measure", measurement, "--bytes", str(1024 ** 2)],
+                          capture_output=True, text=True, timeout=120, env=bench_env())
     record = json.loads(proc.stdout.splitlines()[-1])
     assert proc.returncode == 0 and record["status"] == "error" and record["error"]

@@ -5,15 +5,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from memx_helpers import bench_env
+
 ROOT = Path(__file__).resolve().parents[2]
-TOOL = ROOT / "bench" / "fleet_series.py"
 
 
 def load_tool():
-    spec = importlib.util.spec_from_file_location("bench_fleet_series", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("bench.fleet_series")
 
 
 class FakePrometheus:
@@ -41,7 +39,7 @@ def test_series_are_counted_per_name_over_the_whole_run():
 
 
 def test_without_prometheus_the_tool_says_so_and_exits_2(tmp_path):
-    env = {"COMFY_MEMX_PROMETHEUS": str(tmp_path / "no-such-prometheus"), "PATH": "/usr/bin:/bin"}
-    done = subprocess.run([sys.executable, str(TOOL), "--comfyui", str(tmp_path)], capture_output=True, text=True,
+    env = bench_env({"COMFY_MEMX_PROMETHEUS": str(tmp_path / "no-such-prometheus"), "PATH": "/usr/bin:/bin"})
+    done = subprocess.run([sys.executable, "-m", "bench.fleet_series", "--comfyui", str(tmp_path)], capture_output=True, text=True,
                           timeout=60, env=env)
     assert done.returncode == 2 and "prometheus not found" in done.stderr

@@ -7,15 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from memx_helpers import bench_env
+
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "bench" / "retention.py"
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("memx_bench_retention", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("bench.retention")
 
 
 @pytest.mark.parametrize("args, message", [
@@ -26,7 +24,8 @@ def load():
      "no such file"),
 ])
 def test_bad_arguments_exit_2_naming_the_option(args, message):
-    process = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=60)
+    process = subprocess.run([sys.executable, "-m", "bench.retention", *args], capture_output=True, text=True,
+                             timeout=60, env=bench_env())
     assert process.returncode == 2 and message in process.stderr, process.stderr
 
 

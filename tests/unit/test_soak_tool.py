@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import soak
 from memx_helpers import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,7 +20,6 @@ REAL_COMFY = ROOT / "tests" / "real_comfy"
 MIB = 1024 ** 2
 
 
-soak = load_module("memx_bench_soak", ROOT / "bench" / "soak.py")
 pack = load_module("memx_soak_nodes_offline", REAL_COMFY / "memx_soak_nodes" / "__init__.py")
 WORKFLOW = json.loads((REAL_COMFY / "workflows" / "default_t2i.json").read_text())
 
