@@ -1,4 +1,5 @@
-"""The soak's command line: its options (with the errors they give) and ``main``, which runs a soak and writes its report."""
+"""The soak's command line: its options (with the errors they give) and ``main``, which runs a soak and writes its
+report."""
 
 import argparse
 import json

@@ -1,5 +1,5 @@
-"""The servers: base folders, the checkpoint, starting and stopping both ComfyUI servers (``tests/real_comfy/drive.py``),
-running prompts, the pollers, ``/memx/free`` and the final checks."""
+"""The servers: base folders, the checkpoint, starting and stopping both ComfyUI servers
+(``tests/real_comfy/drive.py``), running prompts, the pollers, ``/memx/free`` and the final checks."""
 
 import json
 import os
