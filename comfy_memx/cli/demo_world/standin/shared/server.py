@@ -90,7 +90,81 @@ class _SharedPromptServer:
     def add_on_prompt_handler(self, handler):
         self.on_prompt_handlers.append(handler)
 
+    def _define_routes(self, routes):
+        @routes.get("/system_stats")
+        async def system_stats(request):
+            mm = comfy.model_management
+            cpu = mm.torch.device("cpu")
+            entries = [_device_entry(mm, device) for device in self._devices(mm)]
+            return web.json_response({
+                "system": {"os": SYSTEM_OS, "ram_total": mm.get_total_memory(cpu), "ram_free": mm.get_free_memory(cpu),
+                           "comfyui_version": comfyui_version.__version__, "python_version": sys.version,
+                           "pytorch_version": mm.torch.__version__, "embedded_python": False, "argv": sys.argv},
+                "devices": entries})
+
+        @routes.post("/prompt")
+        async def post_prompt(request):
+            logging.info("got prompt")
+            data = await request.json()
+            prompt = data.get("prompt")
+            if not isinstance(prompt, dict):
+                return _prompt_error("no_prompt", "No prompt provided")
+            unknown = sorted({str(node.get("class_type")) for node in prompt.values()
+                              if not isinstance(node, dict) or node.get("class_type") not in nodes.NODE_CLASS_MAPPINGS})
+            if unknown:
+                return _prompt_error("invalid_prompt", f"Cannot execute because node class(es) {unknown} do not exist")
+            number = data.get("number")
+            if number is None:
+                number = -self.number if data.get("front") else self.number
+                self.number += 1
+            prompt_id = data.get("prompt_id") or str(uuid.uuid4())
+            extra_data = dict(data.get("extra_data") or {})
+            if "client_id" in data:
+                extra_data["client_id"] = data["client_id"]
+            outputs = [node_id for node_id, node in prompt.items()
+                       if getattr(nodes.NODE_CLASS_MAPPINGS[node["class_type"]], "OUTPUT_NODE", False)] or list(prompt)
+            self.prompt_queue.put(self._queue_item(number, prompt_id, prompt, extra_data, outputs))
+            return web.json_response({"prompt_id": prompt_id, "number": number, "node_errors": {}})
+
+        @routes.get("/history")
+        async def get_history(request):
+            with self.prompt_queue.mutex:
+                return web.json_response(dict(self.prompt_queue.history))
+
+        @routes.get("/history/{prompt_id}")
+        async def get_history_entry(request):
+            prompt_id = request.match_info["prompt_id"]
+            with self.prompt_queue.mutex:
+                entry = self.prompt_queue.history.get(prompt_id)
+                return web.json_response({prompt_id: entry} if entry is not None else {})
+
+        @routes.get("/queue")
+        async def get_queue(request):
+            q = self.prompt_queue
+            with q.mutex:
+                running = [item[:5] for item in q.currently_running.values()]
+                pending = [item[:5] for item in q.queue]
+            return web.json_response({"queue_running": running, "queue_pending": pending})
+
+        @routes.post("/free")
+        async def post_free(request):
+            data = await request.json()
+            if data.get("unload_models", False):
+                self.prompt_queue.set_flag("unload_models", data["unload_models"])
+            if data.get("free_memory", False):
+                self.prompt_queue.set_flag("free_memory", data["free_memory"])
+            return web.Response(status=200)
+
 
 def _prompt_error(kind, message):
     error = {"type": kind, "message": message, "details": message, "extra_info": {}}
     return web.json_response({"error": error, "node_errors": {}}, status=400)
+
+
+def _device_entry(mm, device):
+    """One device of ``GET /system_stats``: its name, type, index and memory (ComfyUI's and torch's view)."""
+    vram_total, torch_vram_total = mm.get_total_memory(device, torch_total_too=True)
+    vram_free, torch_vram_free = mm.get_free_memory(device, torch_free_too=True)
+    return {"name": mm.get_torch_device_name(device), "type": device.type, "index": device.index,
+            "vram_total": vram_total, "vram_free": vram_free,
+            "torch_vram_total": torch_vram_total, "torch_vram_free": torch_vram_free}
