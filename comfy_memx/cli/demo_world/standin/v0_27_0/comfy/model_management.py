@@ -65,36 +65,9 @@ def is_oom(e):
 class LoadedModel(_SharedLoadedModel):
     """One entry of ``current_loaded_models``: weak references to a ModelPatcher and, once loaded, its module."""
 
-    def _set_model(self, model):
-        self._model = weakref.ref(model)
-        if model.parent is None:
-            return
-        self._parent_model = weakref.ref(model.parent)
-        self._patcher_finalizer = weakref.finalize(model, self._switch_parent)
-        self._patcher_finalizer.atexit = False
+    FINALIZERS_AT_EXIT = False
+    SWITCH_TAKES_PARENT_DEVICE = True   # a clone's entry moves to its parent's device
 
-    def _switch_parent(self):
-        parent = self._parent_model()
-        if parent is not None:
-            self._set_model(parent)
-            self.device = parent.load_device
-
-    def model_load(self, lowvram_model_memory=0, force_patch_weights=False):
-        """Load up to ``lowvram_model_memory`` bytes (0 = everything), then watch the torch module."""
-        patcher = self.model
-        patcher.model_patches_to(self.device)
-        patcher.model_patches_to(patcher.model_dtype())
-        budget = 1e32 if lowvram_model_memory == 0 else lowvram_model_memory
-        self.model_use_more_vram(budget, force_patch_weights=force_patch_weights)
-        module = patcher.model
-        self.real_model = weakref.ref(module)
-        self.model_finalizer = weakref.finalize(module, cleanup_models)
-        self.model_finalizer.atexit = False
-        return module
-
-DIRTY_MMAPS = set()
-PIN_PRESSURE_HYSTERESIS = 256 * 1024 * 1024
-REGISTERABLE_PIN_HYSTERESIS = 2048 * 1024 * 1024
 
 
 def module_size(module):
@@ -199,72 +172,27 @@ def free_memory(memory_required, device, keep_loaded=[], for_dynamic=False, pins
     return popped
 
 
-def load_models_gpu(models, memory_required=0, force_patch_weights=False, minimum_memory_required=None, force_full_load=False):
-    """Make ``models`` resident on their load devices, evicting others as needed; returns None."""
-    cleanup_models_gc()
-
-    inference_memory = minimum_inference_memory()
-    extra_mem = max(inference_memory, memory_required + extra_reserved_memory())
-    if minimum_memory_required is None:
-        minimum_memory_required = extra_mem
-    else:
-        minimum_memory_required = max(inference_memory, minimum_memory_required + extra_reserved_memory())
-
-    # Patchers and the extra models their patches need, first-seen order kept, then reversed.
+def _wanted_patchers(models):
+    """The patchers and the extra models their patches need, first-seen order kept, then reversed."""
     wanted = list(dict.fromkeys(p for m in models for p in (m, *m.model_patches_models())))
     wanted.reverse()
-    all_dynamic = all(p.is_dynamic() for p in wanted)
-
-    entries = []
-    for patcher in wanted:
-        candidate = LoadedModel(patcher)
-        known = next((entry for entry in current_loaded_models if entry == candidate), None)
-        if known is not None:
-            known.currently_used = True
-            entries.append(known)
-            continue
-        if hasattr(patcher, "model"):
-            logging.info(f"Requested to load {patcher.model.__class__.__name__}")
-        entries.append(candidate)
-
-    for entry in entries:
-        # COMFY: entries sharing the torch module (the entry itself too) leave the list without model_unload;
-        # their weights stay where they are for the new entry to reuse.
-        shared = [i for i, other in enumerate(current_loaded_models) if entry.model.is_clone(other.model)]
-        for i in reversed(shared):
-            stale = current_loaded_models.pop(i)
-            stale.model.detach(unpatch_all=False)
-            stale.model_finalizer.detach()
-
-    needed, pins_needed = {}, {}
-    for entry in entries:
-        needed[entry.device] = needed.get(entry.device, 0) + entry.model_memory_required(entry.device)
-        if not entry.model.is_dynamic():
-            pins_needed[entry.device] = pins_needed.get(entry.device, 0) + entry.model_memory()
-    accelerators = [dev for dev in needed if dev != torch.device("cpu")]
-
-    for dev in accelerators:
-        free_memory(needed[dev] * 1.1 + extra_mem, dev, for_dynamic=all_dynamic, pins_required=pins_needed.get(dev, 0))
-    for dev in accelerators:
-        if get_free_memory(dev) < minimum_memory_required:
-            unloaded = free_memory(minimum_memory_required, dev, for_dynamic=all_dynamic)
-            logging.info("{} models unloaded.".format(len(unloaded)))
-
-    for entry in entries:
-        entry.model_load(_weight_budget(entry, minimum_memory_required, force_full_load), force_patch_weights=force_patch_weights)
-        current_loaded_models.insert(0, entry)
+    return wanted
 
 
-def _weight_budget(entry, minimum_memory_required, force_full_load):
-    """Bytes of weights ``entry`` may put on its device: 0 means all of them, 0.1 practically none."""
-    device = entry.model.load_device
-    state = VRAMState.DISABLED if is_device_cpu(device) else vram_state
-    if state == VRAMState.NO_VRAM:
-        return 0.1
-    if force_full_load or not lowvram_available or state not in (VRAMState.LOW_VRAM, VRAMState.NORMAL_VRAM):
-        return 0
-    resident = entry.model_loaded_memory()
-    usable = get_free_memory(device) + resident
+def _free_options(wanted):
+    return {"for_dynamic": all(p.is_dynamic() for p in wanted)}
+
+
+def _pin_bytes(entry):
+    """The pinned host memory ``entry`` will need (dynamic models pin nothing up front)."""
+    return 0 if entry.model.is_dynamic() else entry.model_memory()
+
+
+def _pin_request(pin_bytes):
+    return {"pins_required": pin_bytes}
+
+
+def _budget_left(usable, minimum_memory_required, resident):
     budget = max(0, usable - minimum_memory_required,
                  min(usable * MIN_WEIGHT_MEMORY_RATIO, usable - minimum_inference_memory())) - resident
     return 0.1 if budget == 0 else budget
@@ -378,19 +306,6 @@ def unload_model_and_clones(model, unload_additional_models=True, all_devices=Fa
         free_memory(1e30, device, keep_loaded)
 
 
-def set_sim_device(kind, vram_total=None):
-    """Switch the simulation to ``"cuda"`` (the simulated GPU) or ``"cpu"`` (as with ``--cpu``).
-
-    Recomputes what real ComfyUI derives from the device at import: vram_state, total_vram and the pin cap.
-    Call it before loading models; models already loaded keep their old device.
-    """
-    global cpu_state, vram_state, set_vram_to, total_vram, MAX_PINNED_MEMORY, SIM_VRAM_TOTAL, MIN_WEIGHT_MEMORY_RATIO
-    if kind not in ("cpu", "cuda"):
-        raise ValueError("kind must be 'cpu' or 'cuda'")
-    if vram_total is not None:
-        SIM_VRAM_TOTAL = vram_total
-    cpu_state = CPUState.CPU if kind == "cpu" else CPUState.GPU
-    vram_state = set_vram_to = _vram_state_for(cpu_state)
-    total_vram = get_total_memory(get_torch_device()) / (1024 * 1024)
-    MIN_WEIGHT_MEMORY_RATIO = 0.0 if is_nvidia() else 0.4
+def _after_sim_device():
+    global MAX_PINNED_MEMORY
     MAX_PINNED_MEMORY = _pin_cap()
