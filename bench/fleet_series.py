@@ -72,10 +72,11 @@ def main(argv=None):
     soak_args = list(options.soak_args)
     if "--leak-mode" not in soak_args:
         soak_args += ["--leak-mode", "strict"]
-    soak_report = (os.path.splitext(options.json)[0] + "-soak.json") if options.json else os.path.join(work,
-                                                                                                       "soak.json")
-    command = [sys.executable, "-m", "bench.soak", "--comfyui", options.comfyui, "--python",
-               options.python, "--prompts", str(options.prompts), "--no-plain", "--port-base", str(port),
+    soak_report = (os.path.abspath(os.path.splitext(options.json)[0]) + "-soak.json") if options.json \
+        else os.path.join(work, "soak.json")
+    python = os.path.abspath(options.python) if os.sep in options.python else options.python
+    command = [sys.executable, "-m", "bench.soak", "--comfyui", os.path.abspath(options.comfyui), "--python", python,
+               "--prompts", str(options.prompts), "--no-plain", "--port-base", str(port),
                "--json", soak_report] + soak_args
     try:
         with prom_module.PrometheusServer(os.path.join(work, "prometheus"), [f"127.0.0.1:{port}"], [rules]) as prom:
@@ -83,8 +84,7 @@ def main(argv=None):
                 print(f"prometheus did not start: {prom.log_text()[-2000:]}", file=sys.stderr)
                 return 2
             start = time.time()
-            soak = subprocess.run(command, env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-                filter(None, (ROOT, os.environ.get("PYTHONPATH"))))))
+            soak = subprocess.run(command, cwd=ROOT)   # python -m bench.soak from the checkout's root
             end = time.time()
             time.sleep(2.0)  # the last scrapes are committed
             figures = count_series(prom, prom_module.JOB, start, end)
