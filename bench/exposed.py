@@ -3,7 +3,7 @@
 
 ::
 
-    python bench/exposed.py [--requests 2000] [--clients 8] [--rounds 2] [--busy-s 0.3] [--json OUT]
+    python -m bench.exposed [--requests 2000] [--clients 8] [--rounds 2] [--busy-s 0.3] [--json OUT]
 
 One stand-in ComfyUI 0.27.0 server (``tests/fake_comfy``, under ``python -m comfy_memx``, ``--cpu``) with two node
 packs: ``leaky_pack`` (its loader keeps leaked models alive, so there is something to search) and a generated pack
@@ -49,9 +49,8 @@ from urllib.parse import quote
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
 
-import common  # noqa: E402
+from bench import common
 
 CASE = "exposed"
 STAND_IN = os.path.join(ROOT, "tests", "fake_comfy", "v0_27_0", "main.py")

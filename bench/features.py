@@ -17,11 +17,7 @@ import sys
 import time
 import types
 
-if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import common  # noqa: E402
+from bench import common
 
 CHAINS = (
     {"path": "leaky_pack.LeakyLoader._cache['qwen_2512.safetensors']", "package": "leaky_pack",

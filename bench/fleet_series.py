@@ -1,10 +1,10 @@
 """How many Prometheus series one ComfyUI server under comfy_memx costs a fleet: a real Prometheus scrapes the memx
-server of a soak (``bench/soak.py``, run unchanged) every second, and counts what it stored.
+server of a soak (``python -m bench.soak``, run unchanged) every second, and counts what it stored.
 
 ::
 
-    python bench/fleet_series.py --comfyui PATH --python PY [--prompts 200] [--json OUT] [--keep]
-                                 [-- extra soak.py args]
+    python -m bench.fleet_series --comfyui PATH --python PY [--prompts 200] [--json OUT] [--keep]
+                                 [-- extra bench.soak args]
 
 Standard library only. ``prometheus`` comes from ``PATH`` (Debian's ``prometheus`` package) or
 ``$COMFY_MEMX_PROMETHEUS``. The soak runs with ``--no-plain`` (the comfy_memx server alone), ``--leak-mode strict``
@@ -60,7 +60,7 @@ def main(argv=None):
     parser.add_argument("--prompts", type=int, default=200)
     parser.add_argument("--json", default=None, help="write the figures here")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (Prometheus config and data)")
-    parser.add_argument("soak_args", nargs="*", help="more bench/soak.py arguments (after --)")
+    parser.add_argument("soak_args", nargs="*", help="more bench.soak arguments (after --)")
     options = parser.parse_args(argv)
     prom_module = _prom()
     if prom_module.find_binary() is None:
@@ -72,10 +72,11 @@ def main(argv=None):
     soak_args = list(options.soak_args)
     if "--leak-mode" not in soak_args:
         soak_args += ["--leak-mode", "strict"]
-    soak_report = (os.path.splitext(options.json)[0] + "-soak.json") if options.json else os.path.join(work,
-                                                                                                       "soak.json")
-    command = [sys.executable, os.path.join(HERE, "soak.py"), "--comfyui", options.comfyui, "--python",
-               options.python, "--prompts", str(options.prompts), "--no-plain", "--port-base", str(port),
+    soak_report = (os.path.abspath(os.path.splitext(options.json)[0]) + "-soak.json") if options.json \
+        else os.path.join(work, "soak.json")
+    python = os.path.abspath(options.python) if os.sep in options.python else options.python
+    command = [sys.executable, "-m", "bench.soak", "--comfyui", os.path.abspath(options.comfyui), "--python", python,
+               "--prompts", str(options.prompts), "--no-plain", "--port-base", str(port),
                "--json", soak_report] + soak_args
     try:
         with prom_module.PrometheusServer(os.path.join(work, "prometheus"), [f"127.0.0.1:{port}"], [rules]) as prom:
@@ -83,7 +84,7 @@ def main(argv=None):
                 print(f"prometheus did not start: {prom.log_text()[-2000:]}", file=sys.stderr)
                 return 2
             start = time.time()
-            soak = subprocess.run(command)
+            soak = subprocess.run(command, cwd=ROOT)   # python -m bench.soak from the checkout's root
             end = time.time()
             time.sleep(2.0)  # the last scrapes are committed
             figures = count_series(prom, prom_module.JOB, start, end)

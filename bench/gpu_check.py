@@ -1,6 +1,6 @@
 """Every GPU-only check of comfy_memx in one command, with one JSON verdict.
 
-    python bench/gpu_check.py --comfyui path/to/ComfyUI [--python path/to/its/python] [--json OUT]
+    python -m bench.gpu_check --comfyui path/to/ComfyUI [--python path/to/its/python] [--json OUT]
 
 Meant for the first machine with an NVIDIA GPU and one of the ComfyUI trees (0.27.0 or newer, with its
 requirements installed in ``--python``, default this interpreter).  Runs in under 8 minutes (each check has its
@@ -119,7 +119,7 @@ def _pins_check(options, limit):
     """bench/pin_invariant.py with real registration, in the tree's interpreter."""
     with tempfile.TemporaryDirectory(prefix="memx-gpu-check-") as folder:
         out = os.path.join(folder, "pins.json")
-        command = [options.python, os.path.join(HERE, "pin_invariant.py"), "--comfyui", os.path.abspath(options.comfyui),
+        command = [options.python, "-m", "bench.pin_invariant", "--comfyui", os.path.abspath(options.comfyui),
                    "--register", "real", "--json", out]
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         env.pop("COMFY_MEMX", None)
@@ -147,9 +147,9 @@ def _pins_check(options, limit):
 
 def _child(python, arguments, limit):
     """Run one measurement in ``python`` (this file with ``--measure``); its JSON becomes the check's record."""
-    command = [python, os.path.abspath(__file__)] + arguments
+    command = [python, "-m", "bench.gpu_check"] + arguments
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=limit)
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=limit, cwd=os.path.dirname(HERE))
     except subprocess.TimeoutExpired:
         return {"status": "timeout", "limit_seconds": limit}
     except OSError as exc:

@@ -27,7 +27,7 @@ Targets (T6): ``objgraph_s / search_s >= 3`` and ``search_s / scan_s <= 6`` (the
 ``objgraph_s / probe_search_s >= 100`` and ``probe_search_s / scan_s <= 1`` (issue 12: the probe);
 ``fallback_over_backward <= 1.05`` (a chain the probe cannot reach is found no slower than by the backward search
 alone; 5 % is the noise allowance of two timings of a few hundred milliseconds on a shared machine).  Run
-``python bench/leak.py [--quick]``; it prints one JSON record per line.
+``python -m bench.leak [--quick]``; it prints one JSON record per line.
 
 The searches are called from plain functions that hold each target in an ordinary local variable only: a closure
 cell or a ``*args`` tuple holding the target would be one more holder, which the probe rightly refuses to explain
@@ -42,12 +42,7 @@ import time
 import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-if __package__ in (None, ""):  # run as a script from a checkout
-    for _path in (os.path.dirname(HERE), HERE):
-        if _path not in sys.path:
-            sys.path.insert(0, _path)
-
-import common  # noqa: E402
+from bench import common
 
 PACK = "memx_leak_bench_pack"
 ELSEWHERE = "memx_leak_bench_site"

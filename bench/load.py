@@ -15,18 +15,14 @@ Variants, interleaved in each round (order rotated):
   ``pread`` backend (0.7+), and ``raw_read`` as the floor.
 
 Targets (performance-anchors.md T8): warm default path >= 0.6 x memcpy; cold >= 0.9 x raw read.
-Run ``python bench/load.py [--quick]`` for JSON lines, or through ``bench/run.py``.
+Run ``python -m bench.load [--quick]`` for JSON lines, or through ``bench/run.py``.
 """
 
 import os
 import sys
 import time
 
-if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import common  # noqa: E402
+from bench import common
 
 CASE = "load"
 WARM_TARGET = 0.6

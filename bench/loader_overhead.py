@@ -19,11 +19,7 @@ loads alternate (A B, B A, ...) and each figure is the median of the per-pair ra
 import os
 import sys
 
-if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import common  # noqa: E402
+from bench import common
 
 CASE = "overhead"
 BIG_TARGET = 1.02
@@ -45,7 +41,7 @@ def run(quick=False, tiny=False, workspace=None):
     from comfy_memx.core.state import STATE
     from comfy_memx.core import wrapping
     from comfy_memx.core.bootstrap import bootstrap
-    from common import STAND_INS
+    from bench.common import STAND_INS
     with common.workspace_for(workspace) as ws:
         big_path, _ = ws.checkpoint(common.checkpoint_bytes(quick, tiny))
         small_path, _ = ws.checkpoint(common.TINY_BYTES)

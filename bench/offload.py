@@ -20,11 +20,7 @@ The model is the load case's layout (about 1250 fp16/bf16 tensors; 2 GiB, 256 Mi
 import os
 import sys
 
-if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import common  # noqa: E402
+from bench import common
 
 CASE = "offload"
 PINNED_TARGET = 0.85
@@ -90,7 +86,7 @@ def stand_in(layout, rounds, labels):
     from comfy_memx.core import registry
     from comfy_memx.core.state import STATE
     from comfy_memx.core.bootstrap import bootstrap
-    from common import STAND_INS
+    from bench.common import STAND_INS
     STATE.reset()
     bootstrap("bench", {"COMFY_MEMX_LEAK_MODE": "off"})
     root = os.path.join(STAND_INS, "v0_27_0")

@@ -15,11 +15,7 @@ and each wrapper's pass-through cost per call from ``bench/wrappers.py``.
 import os
 import sys
 
-if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import common  # noqa: E402
+from bench import common
 
 TENSORS = 1250
 NUMEL = 6800            # 1250 x 6800 x 4 bytes = 34 MB
@@ -123,10 +119,7 @@ def run(quick=False, tiny=False, workspace=None):
 
 def _sibling(name):
     import importlib
-    here = os.path.dirname(os.path.abspath(__file__))
-    if here not in sys.path:
-        sys.path.insert(0, here)
-    return importlib.import_module(name)
+    return importlib.import_module(f"bench.{name}")
 
 
 if __name__ == "__main__":

@@ -2,10 +2,10 @@
 
 Run it with the interpreter of a ComfyUI tree (0.27.0 or newer; comfy_memx importable)::
 
-    python bench/pin_invariant.py --comfyui path/to/ComfyUI [--limit 2.5MiB] [--register fake|real] [--json OUT]
+    python -m bench.pin_invariant --comfyui path/to/ComfyUI [--limit 2.5MiB] [--register fake|real] [--json OUT]
 
 It prints one JSON object (and writes it to ``--json``); exit status 0 when every check held, 1 when one failed,
-2 when it could not run.  ``tests/test_real_pins.py`` runs it with ``--register fake`` on CPU; ``bench/gpu_check.py``
+2 when it could not run.  ``tests/real/test_real_pins.py`` runs it with ``--register fake`` on CPU; ``bench/gpu_check.py``
 runs it with ``--register real`` on an NVIDIA GPU.
 
 What runs for real: ComfyUI's ``load_models_gpu``, ``LoadedModel``, ``ModelPatcher.load`` / ``detach`` (legacy
@@ -198,8 +198,7 @@ class Driver:
 
     def setup(self):
         """Import ComfyUI under comfy_memx with the stand-ins of the module docstring."""
-        sys.path.insert(0, os.path.dirname(HERE))
-        sys.path.insert(0, self.tree)
+        sys.path.insert(0, self.tree)      # the ComfyUI root, as ComfyUI's main.py has it
         from comfy_memx.core.bootstrap import bootstrap
         environ = {"COMFY_MEMX_PIN_LIMIT": str(self.limit), "COMFY_MEMX_RAISE_INTERNAL": "1"}
         self.config = bootstrap("api", environ)

@@ -14,14 +14,14 @@ Pins are requested one 64 MiB module at a time, as ComfyUI does, and may be evic
              use is farthest in the future (Belady's rule, partially, as much as needed).  With every byte of a
              model sharing its model's next-use time, Belady's exchange argument carries over, so this is the exact
              minimum of bytes registered among all policies that pin each model fully for its load, for equal and
-             mixed sizes alike; ``tests/test_bench_pins.py`` checks it against exhaustive search on small cases.
+             mixed sizes alike; ``tests/unit/test_bench_pins.py`` checks it against exhaustive search on small cases.
 
 Besides pure cycles, one "hires" pattern per size mix (TE, UNet, VAE, UNet, VAE) shows a workflow that is not a
 pure cycle; there MRU is no longer optimal.
 
 Each figure is a record ``{"case": "pins", "metric": "bytes_registered_per_cycle", "policy", "config", "value",
 "unit": "bytes"}`` (steady state, after warm-up cycles), plus ``bytes_registered_total`` over the whole run.
-Run ``python bench/pins.py [--quick] [--json]`` for a table.
+Run ``python -m bench.pins [--quick] [--json]`` for a table.
 """
 
 import argparse
@@ -29,11 +29,7 @@ import json
 import os
 import sys
 
-try:
-    from comfy_memx.pins.budget import PinBudget
-except ImportError:  # run as a script from a checkout
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from comfy_memx.pins.budget import PinBudget
+from comfy_memx.pins.budget import PinBudget
 
 MIB = 1024 ** 2
 GIB = 1024 ** 3

@@ -2,12 +2,12 @@
 
 ::
 
-    python bench/retention.py --comfyui PATH [--python PY] [--rounds N] [--prompts K] [--json OUT]
+    python -m bench.retention --comfyui PATH [--python PY] [--rounds N] [--prompts K] [--json OUT]
 
 Each round starts the tree twice, one server after the other and alternating which goes first (``--cpu``, under
 ``python -m comfy_memx``): once with ``COMFY_MEMX_TRIM=1`` (the default) and once with ``COMFY_MEMX_TRIM=0``.  Each
 server runs ComfyUI's default text-to-image workflow ``--prompts`` times on the random-weight SD1.5 checkpoint (the
-one ``bench/soak.py`` builds and caches), then ``POST /memx/free`` unloads and frees everything, and the receipt's
+one ``bench.soak`` builds and caches), then ``POST /memx/free`` unloads and frees everything, and the receipt's
 ``memory`` object gives RSS before the free, after the worker's collection, after ``malloc_trim(0)`` (trim on), the
 bytes ``malloc_trim`` returned and how long it took, and the bytes live models still hold in RAM.  The server's RSS is
 read again from ``/proc`` one second later.
@@ -19,7 +19,6 @@ difference between the two modes is the allocator's retention that ``malloc_trim
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -28,32 +27,26 @@ import sys
 import tempfile
 import time
 
+from bench.soak import cli, driver, measurements, servers
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 MIB = 2 ** 20
 MODES = {"trim": "1", "no_trim": "0"}
 
 
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-soak = _load("memx_retention_soak", os.path.join(HERE, "soak.py"))
-drive = soak.drive()
+drive = driver.drive()
 
 
 def parse_args(argv=None):
     """The command line; argparse exits with status 2 on an error."""
-    parser = argparse.ArgumentParser(prog="bench/retention.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.retention", description=__doc__.split("\n\n")[0])
     parser.add_argument("--comfyui", required=True, metavar="PATH", help="ComfyUI tree (the folder with main.py)")
     parser.add_argument("--python", default=sys.executable, metavar="PY",
                         help="interpreter that runs ComfyUI and can import comfy_memx (default: this one)")
-    parser.add_argument("--rounds", type=soak._positive_int, default=2, metavar="N", help="rounds (2)")
-    parser.add_argument("--prompts", type=soak._positive_int, default=2, metavar="K",
+    parser.add_argument("--rounds", type=cli._positive_int, default=2, metavar="N", help="rounds (2)")
+    parser.add_argument("--prompts", type=cli._positive_int, default=2, metavar="K",
                         help="default workflows run before the free (2)")
-    parser.add_argument("--checkpoint", metavar="FILE", help="SD1.5 checkpoint (default: bench/soak.py's cache)")
+    parser.add_argument("--checkpoint", metavar="FILE", help="SD1.5 checkpoint (default: bench.soak's cache)")
     parser.add_argument("--json", metavar="OUT", help="report file (default: none)")
     options = parser.parse_args(argv)
     if not os.path.isfile(os.path.join(options.comfyui, "main.py")):
@@ -79,7 +72,7 @@ def one_server(options, checkpoint, mode, work):
         if answer["http_status"] != 200:
             raise RuntimeError(f"/memx/free answered {answer['http_status']}: {answer['body']}")
         time.sleep(1.0)
-        rss_later, _ = soak.read_proc_memory(session.server.process.pid)
+        rss_later, _ = measurements.read_proc_memory(session.server.process.pid)
     memory = answer["body"]["memory"]
     trim = memory.get("trim") or {}
 
@@ -107,7 +100,7 @@ def main(argv=None):
     """Run the rounds and print the table; exit status 1 when a server or a request failed."""
     options = parse_args(argv)
     checkpoint = os.path.abspath(options.checkpoint) if options.checkpoint else \
-        soak.ensure_checkpoint(argparse.Namespace(checkpoint=None, python=options.python, comfyui=options.comfyui),
+        servers.ensure_checkpoint(argparse.Namespace(checkpoint=None, python=options.python, comfyui=options.comfyui),
                                print)[0]
     work = tempfile.mkdtemp(prefix="memx-retention-")
     rounds = []

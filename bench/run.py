@@ -1,4 +1,4 @@
-"""comfy_memx benchmarks: ``python bench/run.py [CASE ...] [--quick] [--json PATH] [--comfyui PATH [--python PY]]``.
+"""comfy_memx benchmarks: ``python -m bench.run [CASE ...] [--quick] [--json PATH] [--comfyui PATH [--python PY]]``.
 
 Cases (all by default, in this order):
 
@@ -41,11 +41,8 @@ import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-for _path in (ROOT, HERE):
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
 
-import common  # noqa: E402
+from bench import common
 
 CASES = ("load", "offload", "overhead", "leak", "pins", "features")
 COMFYUI_CASES = ("load", "offload")
@@ -56,15 +53,15 @@ def run_case(name, options, workspace, comfy=None):
     quick = options.quick or options.tiny
     labels = {"comfyui": comfy.version, "torch": comfy.torch} if comfy is not None else {}
     if name == "load":
-        return importlib.import_module("load").run(quick=quick, tiny=options.tiny, workspace=workspace,
+        return importlib.import_module("bench.load").run(quick=quick, tiny=options.tiny, workspace=workspace,
                                                    comfy_utils=comfy.utils if comfy else None, labels=labels)
     if name == "offload":
-        return importlib.import_module("offload").run(quick=quick, tiny=options.tiny, comfy=comfy, labels=labels)
+        return importlib.import_module("bench.offload").run(quick=quick, tiny=options.tiny, comfy=comfy, labels=labels)
     if name == "overhead":
-        return importlib.import_module("overhead").run(quick=quick, tiny=options.tiny, workspace=workspace)
+        return importlib.import_module("bench.overhead").run(quick=quick, tiny=options.tiny, workspace=workspace)
     if name == "features":
-        return importlib.import_module("features").run(quick=quick, tiny=options.tiny)
-    return importlib.import_module(name).run(quick=quick)
+        return importlib.import_module("bench.features").run(quick=quick, tiny=options.tiny)
+    return importlib.import_module(f"bench.{name}").run(quick=quick)
 
 
 def guarded(name, call):
@@ -120,12 +117,12 @@ def run_in_comfyui(cases, options):
     python = options.python or sys.executable
     with tempfile.TemporaryDirectory(prefix="comfy_memx_bench_") as folder:
         out = os.path.join(folder, "records.json")
-        command = [python, os.path.abspath(__file__), *cases, "--comfyui", options.comfyui, "--in-comfyui",
+        command = [python, "-m", "bench.run", *cases, "--comfyui", options.comfyui, "--in-comfyui",
                    "--json", out, "--no-chart", "--no-table"]
         command += ["--quick"] if options.quick else []
         command += ["--tiny"] if options.tiny else []
         print(f"# running {', '.join(cases)} in {python} against {options.comfyui}", file=sys.stderr, flush=True)
-        child = subprocess.run(command, stdout=sys.stderr, stderr=sys.stderr, check=False)
+        child = subprocess.run(command, stdout=sys.stderr, stderr=sys.stderr, check=False, cwd=ROOT)
         if os.path.exists(out):
             with open(out, encoding="utf-8") as f:
                 return json.load(f)
@@ -142,12 +139,12 @@ def run_record(started, loadavg_start, argv):
         versions = {}
     return common.record("run", "wall_s", time.perf_counter() - started, "s", loadavg_start=loadavg_start,
                          loadavg_end=common.load_average(), cpus=os.cpu_count(), python=platform.python_version(),
-                         command="python bench/run.py " + " ".join(argv), **versions)
+                         command="python -m bench.run " + " ".join(argv), **versions)
 
 
 def parse(argv):
     """The command line (see the module docstring)."""
-    parser = argparse.ArgumentParser(prog="python bench/run.py", description=__doc__.splitlines()[0],
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("cases", nargs="*", metavar="CASE", help=f"cases to run: {', '.join(CASES)} (default: all)")
     parser.add_argument("--quick", action="store_true", help="smaller checkpoint and fewer rounds (< 2 min)")

@@ -16,11 +16,7 @@ import sys
 import timeit
 import types
 
-if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import common  # noqa: E402
+from bench import common
 
 TARGET_US = 0.6
 

@@ -1,4 +1,6 @@
-"""Shared fixtures: comfy_memx's internal errors are re-raised here, and every test starts from a clean state."""
+"""Shared fixtures: comfy_memx's internal errors are re-raised here, and every test starts from a clean state.
+
+tests/ goes first on ``sys.path`` (memx_helpers, fake_comfy, ...), the checkout last (the bench package)."""
 
 import os
 import sys
@@ -7,6 +9,8 @@ import pytest
 
 os.environ["COMFY_MEMX_RAISE_INTERNAL"] = "1"
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# the checkout, last: tests import bench as a package, and an installed comfy_memx (the wheel) still comes first
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from comfy_memx.core.state import STATE  # noqa: E402
 

@@ -2,11 +2,22 @@
 
 import contextlib
 import json
+import os
 
 from comfy_memx.core import registry
 from comfy_memx.core.state import STATE
 from comfy_memx.core.bootstrap import bootstrap
 from fake_comfy.loader import purge_fake_comfy, use_fake_comfy
+
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def bench_env(base=None):
+    """``base`` (default: this environment) with the checkout on PYTHONPATH, so that a child process finds the
+    ``bench`` package (``python -m bench.<case>``) wherever it runs."""
+    env = dict(os.environ if base is None else base)
+    env["PYTHONPATH"] = CHECKOUT + os.pathsep + env.get("PYTHONPATH", "") if env.get("PYTHONPATH") else CHECKOUT
+    return env
 
 
 @contextlib.contextmanager

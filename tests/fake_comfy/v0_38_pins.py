@@ -103,13 +103,17 @@ class DynamicPatcher:
                 size = entry["pin"].nbytes
                 self.mm.HOST_REGISTER.unregister(entry["pin"].data_ptr())
                 entry["registered"] = False
-                self.mm.TOTAL_PINNED_MEMORY = max(0, self.mm.TOTAL_PINNED_MEMORY - size)
-                pinned_size[0] = max(0, pinned_size[0] - size)
+                self._forget_registration(size, pinned_size)
                 freed += size
                 ram_to_unload -= size
                 if ram_to_unload <= 0:
                     return freed
         return freed
+
+    def _forget_registration(self, size, pinned_size):
+        """Take ``size`` registered bytes off ComfyUI's pinned total and the subset's pinned size."""
+        self.mm.TOTAL_PINNED_MEMORY = max(0, self.mm.TOTAL_PINNED_MEMORY - size)
+        pinned_size[0] = max(0, pinned_size[0] - size)
 
     def partially_unload_ram(self, ram_to_unload, subsets=DESTROY_ORDER):
         """Destroy pins from the top of each subset's stack (RAM returned).  Returns bytes, registered or not."""
@@ -124,8 +128,7 @@ class DynamicPatcher:
                 hostbuf.truncate(offset, do_unregister=registered)
                 split[0] = min(split[0], len(stack) - 1)
                 if registered:
-                    self.mm.TOTAL_PINNED_MEMORY = max(0, self.mm.TOTAL_PINNED_MEMORY - size)
-                    pinned_size[0] = max(0, pinned_size[0] - size)
+                    self._forget_registration(size, pinned_size)
                 freed += size
                 ram_to_unload -= size
                 if ram_to_unload <= 0:

@@ -1,6 +1,6 @@
 """What comfy_memx must say about the packs of ``culprit_packs/``: each holds a model that the innocent
 ``memx_utility_belt`` loaded, in the way pack authors write such code.  Shared by the stand-in test
-(``tests/test_culprit.py``) and the real-ComfyUI test (``tests/test_real_culprit.py``)."""
+(``tests/patches/test_culprit.py``) and the real-ComfyUI test (``tests/real/test_real_culprit.py``)."""
 
 import os
 

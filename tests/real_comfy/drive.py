@@ -33,7 +33,7 @@ Scenarios:
 
 For tests, :class:`Session` keeps one server open for any number of steps (prompts, queued prompts, HTTP calls,
 calls at the same moment) and records where each step starts and ends in the server log and in the event log;
-``tests/test_real_comfyui.py`` builds its scenarios on it. :func:`ensure_checkpoint` builds the random-weight
+``tests/real/test_real_comfyui.py`` builds its scenarios on it. :func:`ensure_checkpoint` builds the random-weight
 checkpoint with ``make_checkpoint.py`` when a cache does not hold it yet.
 
 Example::

@@ -1,42 +1,24 @@
-"""The demo world's nodes: a core loader and sampler, and ``load_custom_node`` for a custom-node pack."""
+"""The demo's world (the ComfyUI 0.27.0 stand-in), ``nodes.py``: its source is
+comfy_memx/cli/demo_world/standin/v0_27_0/nodes.py."""
+from comfy_memx.cli.demo_world.standin import extend
 
-import importlib.util
-import os
-import sys
+extend(globals(), "v0_27_0/nodes")
 
-import torch
+import asyncio  # noqa: E402
 
-import comfy.model_management
-from comfy.model_patcher import ModelPatcher, SimModel
-
-
-class SimModelLoader:
-    """A core node that loads a model (like CheckpointLoaderSimple)."""
-    FUNCTION = "load"
-
-    def load(self, tensors, numel):
-        return (ModelPatcher(SimModel(tensors, numel), comfy.model_management.GPU, torch.device("cpu")),)
+_load_custom_node_async = load_custom_node  # noqa: F821  (defined by the part above)
 
 
-class SimSampler:
-    """A core node that puts its model on the GPU (like KSampler)."""
-    FUNCTION = "sample"
-
-    def sample(self, model):
-        comfy.model_management.load_models_gpu([model])
-        return (None,)
+def load_custom_node(module_path, ignore=set(), module_parent="custom_nodes"):
+    """The demo loads its pack outside any event loop: the stand-in's loader coroutine, run to completion."""
+    return asyncio.run(_load_custom_node_async(module_path, ignore, module_parent))
 
 
-NODE_CLASS_MAPPINGS = {"SimModelLoader": SimModelLoader, "SimSampler": SimSampler}
+class DemoModelLoader(SimModelLoader):  # noqa: F821
+    """``SimModelLoader`` under the demo prompt's input names (``tensors``, ``numel``)."""
+
+    def load(self, tensors=8, numel=1024):
+        return super().load(tensor_count=tensors, tensor_numel=numel)
 
 
-def load_custom_node(path):
-    """Import the pack at ``path`` (a folder under a ``custom_nodes`` directory) and register its nodes."""
-    name = os.path.basename(path)
-    spec = importlib.util.spec_from_file_location(name, os.path.join(path, "__init__.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    for key, node in module.NODE_CLASS_MAPPINGS.items():
-        NODE_CLASS_MAPPINGS.setdefault(key, node)
-    return module
+NODE_CLASS_MAPPINGS["SimModelLoader"] = DemoModelLoader  # noqa: F821

@@ -1,6 +1,6 @@
 """A ComfyUI node pack that unloads models the ways third-party "free VRAM" packs do (issue 13's real-tree test).
 
-``tests/test_real_comfyui.py`` copies this folder into the ``custom_nodes/`` of a server's base directory, so the
+``tests/real/test_real_comfyui.py`` copies this folder into the ``custom_nodes/`` of a server's base directory, so the
 package comfy_memx names for these nodes is this folder's name, ``memx_unload_nodes``. Each node takes any value,
 does its unload, and passes the value on, so it can sit between ``VAEDecode`` and ``SaveImage`` in ComfyUI's default
 text-to-image workflow (as ComfyUI-Unload-Model's ``UnloadAllModels`` is used):

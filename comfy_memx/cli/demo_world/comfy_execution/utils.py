@@ -1,18 +1,5 @@
-"""Which prompt and node are executing: the context that ComfyUI publishes and comfy_memx reads."""
+"""The demo's world (the ComfyUI 0.27.0 stand-in), ``comfy_execution/utils.py``: its source is
+comfy_memx/cli/demo_world/standin/v0_27_0/comfy_execution/utils.py."""
+from comfy_memx.cli.demo_world.standin import extend
 
-import contextvars
-from typing import NamedTuple
-
-
-class ExecutionContext(NamedTuple):
-    """The prompt and node running now."""
-    prompt_id: str
-    node_id: str
-
-
-current_executing_context = contextvars.ContextVar("current_executing_context", default=None)
-
-
-def get_executing_context():
-    """The :class:`ExecutionContext` of the node running now, or None."""
-    return current_executing_context.get()
+extend(globals(), "v0_27_0/comfy_execution/utils")

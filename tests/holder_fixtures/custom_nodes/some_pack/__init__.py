@@ -1,4 +1,4 @@
-"""Fixture for tests/test_holders.py: a fake custom-node package that keeps "models" alive the ways real
+"""Fixture for tests/unit/test_holders.py: a fake custom-node package that keeps "models" alive the ways real
 packs do.  ``hold(kind, model)`` keeps ``model`` in one way; ``release()`` forgets everything.
 
 The tests import it as ComfyUI does, under its directory path as the module name.

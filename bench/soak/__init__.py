@@ -1,0 +1,73 @@
+"""Soak comfy_memx inside a real ComfyUI server next to the same ComfyUI without it.
+
+::
+
+    python -m bench.soak --comfyui PATH [--python PY] [--prompts N] [--leak-mode strict|report|off] [--check]
+                         [--json OUT] [--checkpoint FILE] [--port-base P] [--timeout S] [--no-plain]
+                         [--work-dir DIR] [--keep]
+
+Standard library only (it imports ``tests/real_comfy/drive.py`` for starting, driving and stopping servers); the
+servers run under ``--python``, an interpreter with the tree's requirements that can import comfy_memx (CI
+installs the wheel there; for a checkout, ``pip install --no-deps -e .`` into it or put it on ``PYTHONPATH``).
+
+What one run does:
+
+1. makes two ComfyUI base folders (``--base-directory``) in a work folder: each with ``custom_nodes/`` holding a
+   copy of the leaking pack ``tests/real_comfy/memx_soak_nodes``, and ``models/checkpoints/`` holding a link to the
+   random-weight SD1.5 checkpoint (``--checkpoint``, or built once by ``tests/real_comfy/make_checkpoint.py``
+   with the tree's own classes into a cache folder: ``$COMFY_MEMX_SOAK_CACHE``, else ``~/.cache/comfy_memx-soak``);
+2. starts the tree twice on 127.0.0.1, ``--cpu``, at the same time: ``memx`` (``python -m comfy_memx main.py``,
+   leak mode ``--leak-mode``, an event log) and ``plain`` (``python main.py``, no comfy_memx);
+3. runs the same workload on both, prompt by prompt, one server at a time, alternating which goes first
+   (memx then plain for even prompts, plain then memx for odd ones, so that order effects cancel): prompt ``i``
+   is ComfyUI's default text-to-image workflow (``tests/real_comfy/workflows/default_t2i.json``, 64x64, 1 step)
+   with seed ``i``; every odd prompt also runs one of the pack's leaking loaders into its sampler (six slots:
+   three class-level cache, three hook registry; the slot's model is rebuilt ``--generations`` times over the run,
+   which releases the previous one). The pack's nodes are absent from the next prompt, so ComfyUI's cache drops
+   their patcher and ComfyUI's own ``cleanup_models_gc`` reports the module as a leak (about six leaked models);
+4. meanwhile a poller per server GETs ``/memx/models`` and ``/metrics`` every ``--poll-interval`` seconds, and
+   every ``--free-every`` prompts ``POST /memx/free`` (memx; ComfyUI's ``POST /free`` with the same body on plain)
+   is sent while that server's prompt runs; the server's VmRSS/RssAnon (``/proc/<pid>/status``) are sampled
+   every second and after every prompt;
+5. at the end: ``POST /memx/free`` (plain: ``/free``), then the pack's census prompt on both servers (from inside
+   the server: which pack models are alive, ComfyUI ModelPatcher/BaseModel counts), then GET ``/memx/models``;
+   then both servers are stopped (SIGINT, then SIGTERM, then SIGKILL; always, whatever happened).
+
+Figures: prompt failures; tracebacks in the server log whose frames mention comfy_memx, and
+``comfy_memx: internal error`` lines; median prompt latency of memx over plain (end to end as the client sees it:
+``POST /prompt`` until ``/history`` shows the result, polled every 50 ms; also ComfyUI's own execution time from
+the ``execution_start``/``execution_success`` timestamps of its history); RSS over time and RSS growth per 100
+prompts (Theil-Sen slope of the after-prompt samples, the first ``--warmup`` fraction of the prompts left out;
+growth caused by comfy_memx = memx slope - plain slope); the event log's size and validity (every line a JSON
+object with ``event``, ``time``, ``pid``) and its events by type (``leak``, ``leak_seen``, ...); and "nothing kept
+alive that ComfyUI freed": the final receipt's survivors are exactly the pack's six currently held models (mapped
+through their owner prompt to the slot and generation that loaded them), no mid-run receipt lists anything else,
+and the census of the memx server equals the plain server's.
+
+Targets (issue 10, at 500 prompts with ``--leak-mode strict``): 0 failed prompts, 0 comfy_memx tracebacks (and
+internal errors), a valid event log, nothing kept alive (hard targets); median latency <= 1.10x plain and RSS
+growth caused by comfy_memx <= 1 MiB per 100 prompts (performance targets). ``--check`` makes the exit status 1
+when a hard target is missed, or when a performance target is missed and ``--prompts`` >= 200 (shorter runs are too
+noisy for 10 % and 1 MiB/100 prompts: their latency and RSS figures are reported, not checked). Exit status 2:
+bad arguments, a tree without main.py, or an interpreter that cannot import comfy_memx.
+
+``--no-plain`` runs the memx server alone (half the time, for CI smoke soaks): no latency or RSS comparison, and the
+census must show no ComfyUI ModelPatcher or BaseModel alive after the final free. The summary table goes to stdout, the full report to ``--json`` (default ``bench/results/soak-<time>.json``). The
+work folder (server logs, event log, outputs) is removed at the end unless ``--keep`` or the run missed a hard
+target; its path is in the report.
+
+The package, one module a job: ``config`` (what a run is made of, the targets), ``workload`` (the prompts),
+``servers`` (base folders, starting and stopping both servers, running prompts, pollers, frees, final checks),
+``measurements`` (statistics, log and event-log scanning, /proc memory), ``verdict`` (survivors, census, targets,
+exit status, summary), ``cli`` (options and ``main``); ``python -m bench.soak`` runs :func:`bench.soak.cli.main`.
+"""
+
+from bench.soak.cli import main, parse_args  # noqa: F401
+from bench.soak.config import NET_CLASS_NAME, SAMPLER_NODE_ID  # noqa: F401
+from bench.soak.measurements import (describe, find_tracebacks, median_ratio, mentions_comfy_memx,  # noqa: F401
+                                     paired_median_ratio, read_proc_memory, rss_growth_per_100, scan_log,
+                                     theil_sen_slope, thin, validate_event_file, validate_events)
+from bench.soak.servers import check_importable, exec_seconds  # noqa: F401
+from bench.soak.verdict import (census_from_history, check_final_survivors, compare_census, compare_rss,  # noqa: F401
+                                evaluate, exit_status, format_summary, unexpected_survivors)
+from bench.soak.workload import build_workload, census_prompt, expected_held  # noqa: F401

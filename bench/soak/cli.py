@@ -1,0 +1,136 @@
+"""The soak's command line: its options (with the errors they give) and ``main``, which runs a soak and writes its
+report."""
+
+import argparse
+import json
+import math
+import os
+import shutil
+import signal
+import sys
+import time
+
+from bench.soak.config import HERE, LEAK_MODES, PERF_CHECK_MIN_PROMPTS, ROOT, WORKLOADS, WORKLOAD_REUSE
+from bench.soak.verdict import compare_rss, evaluate, exit_status, format_summary
+from bench.soak.servers import check_importable, run_soak
+
+
+def _positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text):
+    value = float(text)
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
+    return value
+
+
+def _port(text):
+    value = int(text)
+    if not 1024 <= value <= 65534:
+        raise argparse.ArgumentTypeError(f"must be between 1024 and 65534 (two ports are used), got {value}")
+    return value
+
+
+def _fraction(text):
+    value = float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 0 and < 1, got {text}")
+    return value
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.soak",
+        description="Soak comfy_memx in a real ComfyUI server against the same ComfyUI without it.")
+    parser.add_argument("--comfyui", required=True, metavar="PATH", help="ComfyUI tree (the folder with main.py)")
+    parser.add_argument("--python", default=sys.executable, metavar="PY",
+                        help="interpreter that runs ComfyUI and can import comfy_memx (default: this one)")
+    parser.add_argument("--prompts", type=_positive_int, default=500, metavar="N", help="prompts per server (500)")
+    parser.add_argument("--leak-mode", choices=LEAK_MODES, default="strict", help="comfy_memx leak mode (strict)")
+    parser.add_argument("--workload", choices=WORKLOADS, default=WORKLOAD_REUSE,
+                        help="reuse: six slots keep leaking the same few models (default); new-leaks: every prompt "
+                             "leaks a model never seen before (the cost of strict mode per new leak)")
+    parser.add_argument("--check", action="store_true",
+                        help="exit status 1 when a hard target is missed (performance targets too at >= "
+                             f"{PERF_CHECK_MIN_PROMPTS} prompts)")
+    parser.add_argument("--json", metavar="OUT", help="report file (default bench/results/soak-<time>.json)")
+    parser.add_argument("--checkpoint", metavar="FILE", help="SD1.5 checkpoint (default: built once into a cache)")
+    parser.add_argument("--port-base", type=_port, metavar="P", help="memx on P, plain on P+1 (default: free ports)")
+    parser.add_argument("--timeout", type=_positive_float, metavar="S",
+                        help="bound on the whole run in seconds, stopping the servers included (default 900 + 30 "
+                             "per prompt); prompts stop 180 s before it to leave time for the final checks")
+    parser.add_argument("--prompt-timeout", type=_positive_float, default=300.0, metavar="S")
+    parser.add_argument("--boot-timeout", type=_positive_float, default=240.0, metavar="S")
+    parser.add_argument("--poll-interval", type=_positive_float, default=2.0, metavar="S",
+                        help="seconds between GET /memx/models + /metrics polls of each server (2)")
+    parser.add_argument("--free-every", type=_positive_int, default=10, metavar="K",
+                        help="POST /memx/free (plain: /free) while every K-th prompt runs (10)")
+    parser.add_argument("--generations", type=_positive_int, default=3, metavar="G",
+                        help="times each slot's leaked model is built over the run; each new one releases the "
+                             "previous (3)")
+    parser.add_argument("--warmup", type=_fraction, default=0.2, metavar="F",
+                        help="fraction of the prompts left out of the RSS growth fit (0.2)")
+    parser.add_argument("--no-plain", action="store_true",
+                        help="run only the comfy_memx server (half the time; no latency or RSS comparison, the census "
+                             "is checked against absolute expectations): for short CI smoke soaks")
+    parser.add_argument("--work-dir", metavar="DIR", help="work folder (default: a new temporary folder)")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, event log) at the end")
+    return parser
+
+
+def parse_args(argv=None):
+    """Parse and cross-check the command line (argparse exits with status 2 on an error)."""
+    parser = build_parser()
+    options = parser.parse_args(argv)
+    if options.timeout is None:
+        options.timeout = 900.0 + 30.0 * options.prompts
+    if options.checkpoint is not None and not os.path.isfile(options.checkpoint):
+        parser.error(f"--checkpoint {options.checkpoint}: no such file")
+    if not os.path.isfile(os.path.join(options.comfyui, "main.py")):
+        parser.error(f"--comfyui {options.comfyui}: no main.py there (not a ComfyUI tree)")
+    return options
+
+
+def default_json_path():
+    return os.path.join(HERE, "results", time.strftime("soak-%Y%m%d-%H%M%S.json"))
+
+
+def main(argv=None):
+    options = parse_args(argv)
+    options.python = os.path.abspath(options.python) if os.sep in options.python else options.python
+    problem = check_importable(options.python)
+    if problem:
+        print(f"soak: {options.python} cannot import comfy_memx (install it there: pip install --no-deps "
+              f"{ROOT}, or set PYTHONPATH):\n{problem}", file=sys.stderr)
+        return 2
+
+    def on_term(signum, frame):
+        raise SystemExit(f"soak: stopped by signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
+
+    def log(message):
+        print(message, flush=True)
+
+    report = run_soak(options, log)
+    compare_rss(report)
+    report["targets"] = evaluate(report, options.check)
+    report["check"] = options.check
+    report["exit_status"] = 130 if report.get("interrupted") else exit_status(report["targets"])
+    hard_missed = any(t["hard"] and t["met"] is not True for t in report["targets"])
+    keep = bool(options.keep or hard_missed or options.work_dir)
+    report["work_dir_kept"] = keep
+    path = options.json or default_json_path()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(report, handle, indent=1, default=str)
+    print(format_summary(report))
+    print(f"report: {path}" + (f"; logs kept in {report['work_dir']}" if keep else ""))
+    if not keep:
+        shutil.rmtree(report["work_dir"], ignore_errors=True)
+    return report["exit_status"]

@@ -1,0 +1,213 @@
+"""End to end for fleets (issue 21): real ComfyUI 0.33.0 under comfy_memx with a leaking pack, a real Prometheus on
+loopback scraping its ``/metrics`` every second with comfy_memx's alert rules loaded, prompts run, and then, through
+Prometheus's HTTP API: the rooted-leak alert fires naming the holding package, the survivor alert fires after a
+``/memx/free`` with the leak alive, no core-patch or inactivity alert fires, and every query of the shipped Grafana
+dashboard returns data over the run (except the queries listed in :data:`CPU_EMPTY_QUERIES`, with why).
+
+Opt-in like the other real-ComfyUI tests; skipped, with the reason, unless all of these hold:
+
+* ``COMFY_MEMX_REAL_COMFYUI`` names a ComfyUI 0.33.0 tree (among others, os.pathsep-separated);
+* ``COMFY_MEMX_REAL_PYTHON`` is an interpreter with ComfyUI's requirements that imports comfy_memx and
+  prometheus_client (without it ``/metrics`` answers 501);
+* a ``prometheus`` binary is on ``PATH`` (Debian's ``prometheus`` package) or named by ``COMFY_MEMX_PROMETHEUS``.
+
+The scenario (one server, leak mode strict, packs ``memx_test_nodes`` and ``memx_unload_nodes``, ``--cpu``):
+a tiny model kept by ``MemxLeakyCache`` then replaced (ComfyUI warns: a rooted leak held by ``memx_test_nodes``),
+two prompts that see the leak again, four prompts whose ``MemxUnloadAllModels`` unloads the model the next prompt
+reloads (reloads charged to ``memx_unload_nodes``), and ``/memx/free`` with the leak alive (a survivor).  The
+``loader`` patch is disabled (``COMFY_MEMX_DISABLE=loader``), so that the skipped-sites panel has a site to show and
+the core-patch alert is seen to stay quiet for a site outside its list.
+"""
+
+import math
+import os
+import subprocess
+import time
+
+import pytest
+
+from fleet_queries import dashboard_exprs, grafana_free, prom_module
+from test_real_comfyui import (PYTHON_ENV, TREES_ENV, configured_python, configured_trees, drive)
+
+from comfy_memx import fleet
+
+prom = prom_module()
+VERSION = "0.33.0"
+HOLDER = "memx_test_nodes"      # the pack whose MemxLeakyCache keeps the leaked module (and whose loader loaded it)
+UNLOADER_PACK = "memx_unload_nodes"
+# Grafana's variables as the dashboard would send them with "All" selected, and a rate window over a few scrapes.
+VARIABLES = {"$job": prom.JOB, "$instance": ".*", "$__rate_interval": "30s"}
+# Queries a CPU-only server cannot fill: nothing is copied between devices with --cpu (loads and unloads claim no
+# GB/s), and nothing is pinned, so pinned bytes stay 0 and no pin is evicted or refused.
+CPU_EMPTY_QUERIES = {
+    ("Load GB/s", "A"): "loads copy no bytes with --cpu (gb_per_s is null): the histogram stays at zero",
+    ("Offload GB/s", "A"): "unloads copy no bytes with --cpu: the histogram stays at zero",
+    ("Pinned memory against the cap", "A"): "nothing is pinned with --cpu: pinned bytes stay 0 (B, the caps, has data)",
+    ("Pin evictions and refusals", "A"): "nothing is pinned with --cpu: no pin_evict event",
+    ("Pin evictions and refusals", "B"): "nothing is pinned with --cpu: no pin_refused event",
+}
+SETTLE_S = 90.0   # at most this long for Prometheus to see what the server did (polled, not slept)
+
+
+def tree_version(tree):
+    """``__version__`` of a ComfyUI tree's ``comfyui_version.py`` (None when it has none)."""
+    try:
+        with open(os.path.join(tree, "comfyui_version.py"), encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("__version__"):
+                    return line.split("=", 1)[1].strip().strip("\"'")
+    except OSError:
+        return None
+    return None
+
+
+def tree_0330():
+    found = [tree for tree in configured_trees() if tree_version(tree) == VERSION]
+    return found[0] if found else None
+
+
+def skip_reason():
+    """Why this module cannot run here, or None."""
+    if not configured_trees() or not configured_python():
+        return f"set {TREES_ENV} (with a ComfyUI {VERSION} tree) and {PYTHON_ENV} to run against real ComfyUI"
+    if tree_0330() is None:
+        return f"no ComfyUI {VERSION} tree in {TREES_ENV}"
+    if prom.find_binary() is None:
+        return "no prometheus binary (apt-get install prometheus, or set COMFY_MEMX_PROMETHEUS)"
+    probe = subprocess.run([configured_python(), "-c", "import comfy_memx, prometheus_client"],
+                           capture_output=True, text=True, timeout=120, cwd="/", env=drive.inherited_env())
+    if probe.returncode != 0:
+        return (f"{configured_python()} cannot import comfy_memx and prometheus_client "
+                f"(pip install --no-deps comfy_memx prometheus_client): {probe.stderr.strip()[-300:]}")
+    return None
+
+
+def leak_prompt():
+    return {"1": drive.loader_node("memx-fleet-leak"), "2": drive.sampler_node("1", 1),
+            "3": drive.leaky_cache_node("1", "fleet")}
+
+
+def plain_prompt(seed):
+    return {"1": drive.loader_node("memx-fleet-other"), "2": drive.sampler_node("1", seed)}
+
+
+def unloading_prompt(seed):
+    """A sampler run on one model and ``MemxUnloadAllModels`` fed through a probe whose label changes every prompt
+    (so that ComfyUI's cache runs the unloader again): the next prompt reloads what this one unloaded."""
+    return {"1": drive.loader_node("memx-fleet-reload"), "2": drive.sampler_node("1", seed),
+            "4": {"class_type": "MemxWeightProbe", "inputs": {"value": ["1", 0], "model": ["1", 0],
+                                                             "label": f"fleet-{seed}"}},
+            "5": {"class_type": "MemxUnloadAllModels", "inputs": {"value": ["4", 0]}}}
+
+
+def wait_for(check, timeout=SETTLE_S, interval=0.5):
+    """Call ``check`` until it returns something true or ``timeout`` passes; returns its last value."""
+    deadline = time.monotonic() + timeout
+    value = check()
+    while not value and time.monotonic() < deadline:
+        time.sleep(interval)
+        value = check()
+    return value
+
+
+def firing(alerts, name):
+    return [alert for alert in alerts if alert["labels"].get("alertname") == name and alert["state"] == "firing"]
+
+
+def has_data(result):
+    """True when a query result holds at least one value that is a number other than 0 (NaN is no data)."""
+    for series in result:
+        for _, value in series.get("values") or [series.get("value")]:
+            number = float(value)
+            if not math.isnan(number) and number != 0:
+                return True
+    return False
+
+
+@pytest.fixture(scope="module")
+def fleet_run(tmp_path_factory):
+    """Run the scenario once under a scraping Prometheus; returns what the tests read (the servers are stopped)."""
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    out = tmp_path_factory.mktemp("fleet-e2e")
+    session = drive.Session(tree_0330(), configured_python(), str(out / "comfy"), launcher="module",
+                            env={"COMFY_MEMX_LEAK_MODE": "strict", "COMFY_MEMX_DISABLE": "loader"}, packs=(HOLDER, UNLOADER_PACK))
+    server = prom.PrometheusServer(str(out / "prometheus"), [f"{drive.HOST}:{session.port}"], [fleet.rules_path()])
+    run = {"session": session, "prometheus": server, "error": None}
+    try:
+        assert session.start(), f"ComfyUI did not start; log {session.log_path}"
+        server.start()
+        assert server.wait_ready(60), f"Prometheus did not start: {server.log_text()[-2000:]}"
+        up = wait_for(lambda: [t for t in server.targets() if t["health"] == "up"])
+        assert up, f"Prometheus does not scrape {session.base_url}/metrics: {server.targets()}"
+        run["start"] = time.time()
+        steps = [session.prompt("leak", leak_prompt())]
+        steps += [session.prompt(f"seen_{seed}", plain_prompt(seed)) for seed in (1, 2)]
+        steps += [session.prompt(f"reload_{seed}", unloading_prompt(seed)) for seed in range(4)]
+        for step in steps:
+            assert step["ok"], (step["name"], step.get("error"), step.get("error_messages"), session.log_path)
+        run["free"] = session.memx_free("memx_free", timeout=60)
+        assert run["free"]["http_status"] == 200, run["free"]
+        run["alerts"] = wait_for(lambda: (lambda alerts: alerts if firing(alerts, "ComfyMemxRootedLeak") and firing(
+            alerts, "ComfyMemxFreeLeftSurvivors") else None)(server.alerts())) or server.alerts()
+        time.sleep(3.0)  # three more scrapes, so every range query sees the end of the run
+        run["end"] = time.time()
+        run["queries"] = {(title, ref): server.query_range(grafana_free(expr, VARIABLES), run["start"], run["end"])
+                          for title, ref, expr in dashboard_exprs()}
+        run["rules"] = server.rules()
+        run["events"] = session.events()
+    finally:
+        session.stop()
+        server.stop()
+    return run
+
+
+def test_prometheus_loaded_every_rule_and_evaluates_them_without_error(fleet_run):
+    rules = [rule for group in fleet_run["rules"] for rule in group["rules"]]
+    assert {rule["name"] for rule in rules} == set(alert_names())
+    assert all(rule["health"] == "ok" for rule in rules), [(r["name"], r.get("lastError")) for r in rules]
+
+
+def alert_names():
+    from test_fleet_rules import alert_names as names
+
+    return names()
+
+
+def test_the_rooted_leak_alert_fires_naming_the_holding_and_the_loading_package(fleet_run):
+    leaks = firing(fleet_run["alerts"], "ComfyMemxRootedLeak")
+    assert leaks, (fleet_run["alerts"], fleet_run["prometheus"].log_text()[-2000:])
+    labels = [alert["labels"] for alert in leaks]
+    assert all(label["loader_package"] == HOLDER and label["job"] == prom.JOB for label in labels), labels
+    leak_events = [e for e in fleet_run["events"] if e["event"] == "leak" and e.get("stage") == "rooted"]
+    assert [e.get("holder_package") for e in leak_events] == [HOLDER], leak_events
+    assert [label["package"] for label in labels] == [HOLDER], labels
+
+
+def test_the_survivor_alert_fires_after_a_free_with_the_leak_alive(fleet_run):
+    receipt = fleet_run["free"]["body"]
+    assert receipt["status"] == "done" and len(receipt["survivors"]) >= 1, receipt
+    survivors = firing(fleet_run["alerts"], "ComfyMemxFreeLeftSurvivors")
+    assert [alert["labels"]["instance"] for alert in survivors] == [f"{drive.HOST}:{fleet_run['session'].port}"]
+
+
+def test_no_core_patch_skipped_or_inactive_alert_on_a_supported_comfyui(fleet_run):
+    skipped = fleet_run["queries"][("Skipped patch sites", "A")]
+    assert ("loader", "load_torch_file", "disabled") in {
+        (series["metric"]["patch"], series["metric"]["site"], series["metric"]["reason"]) for series in skipped}
+    names = {alert["labels"]["alertname"] for alert in fleet_run["alerts"]}
+    assert not names & {"ComfyMemxCorePatchSkipped", "ComfyMemxInactive", "ComfyMemxAbsent"}, fleet_run["alerts"]
+
+
+def test_every_dashboard_query_returns_data_but_those_a_cpu_server_cannot_fill(fleet_run):
+    empty = sorted(key for key, result in fleet_run["queries"].items() if not has_data(result))
+    assert empty == sorted(CPU_EMPTY_QUERIES), {key: fleet_run["queries"][key] for key in empty}
+    filled = {title for (title, _), result in fleet_run["queries"].items() if has_data(result)}
+    assert filled == {title for title, _ in fleet_run["queries"]} - {"Load GB/s", "Offload GB/s",
+                                                                       "Pin evictions and refusals"}
+
+
+def test_reloads_are_charged_to_the_unloading_pack_in_prometheus(fleet_run):
+    result = fleet_run["queries"][("Reload seconds per hour by cause package", "A")]
+    assert {series["metric"].get("cause_package") for series in result if has_data([series])} == {UNLOADER_PACK}

@@ -1,0 +1,93 @@
+"""The shipped Prometheus alert rules: ``promtool check rules``, ``promtool test rules`` with a firing and a resolving
+case per alert (``tests/fleet/alerts_test.yml``), and a runbook per alert in the README (issue 21).
+
+The promtool tests are skipped, with that reason, when promtool is not installed (Debian: ``apt-get install
+prometheus``; ``.ci/run`` installs it). The coverage and README checks run everywhere.
+"""
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from comfy_memx import fleet
+
+HERE = Path(__file__).resolve().parents[1]  # tests/
+ROOT = HERE.parent
+UNIT_TESTS = HERE / "fleet" / "alerts_test.yml"
+
+
+def promtool():
+    from test_fleet_files import prom_module
+
+    found = prom_module().find_binary("promtool")
+    if found is None:
+        pytest.skip("promtool is not installed (apt-get install prometheus, or set COMFY_MEMX_PROMETHEUS)")
+    return found
+
+
+def alert_names():
+    """The alert names of the shipped rules file, in order."""
+    return re.findall(r"^\s*- alert: (\w+)\s*$", Path(fleet.rules_path()).read_text(encoding="utf-8"), re.M)
+
+
+def unit_cases():
+    """``[(alertname, eval minutes, fires)]`` of every alert_rule_test block of the promtool unit tests."""
+    text = UNIT_TESTS.read_text(encoding="utf-8")
+    cases = []
+    for block in re.split(r"^\s*- eval_time: ", text, flags=re.M)[1:]:
+        when = re.match(r"(\d+)m\s*$", block.split("\n", 1)[0])
+        name = re.search(r"^\s*alertname: (\w+)\s*$", block, re.M)
+        expected = re.search(r"^\s*exp_alerts:(.*)$", block, re.M)
+        assert when and name and expected, block[:300]
+        fires = expected.group(1).strip() != "[]"
+        assert fires == ("exp_labels:" in block), block[:300]
+        cases.append((name.group(1), int(when.group(1)), fires))
+    return cases
+
+
+def test_the_rules_file_passes_promtool_check():
+    done = subprocess.run([promtool(), "check", "rules", fleet.rules_path()], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {len(alert_names())} rules found" in done.stdout
+
+
+def test_promtool_unit_tests_pass():
+    done = subprocess.run([promtool(), "test", "rules", str(UNIT_TESTS)], capture_output=True, text=True,
+                          timeout=120, cwd=str(UNIT_TESTS.parent))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout
+
+
+def test_every_alert_has_a_firing_case_and_a_later_resolving_case():
+    names = alert_names()
+    assert len(names) == len(set(names)) and len(names) >= 10
+    cases = unit_cases()
+    assert {name for name, _, _ in cases} == set(names)
+    for name in names:
+        fired = [when for alert, when, fires in cases if alert == name and fires]
+        resolved = [when for alert, when, fires in cases if alert == name and not fires]
+        assert fired and resolved and max(resolved) > min(fired), (name, fired, resolved)
+
+
+def test_the_unit_tests_load_the_shipped_rules_file():
+    text = UNIT_TESTS.read_text(encoding="utf-8")
+    [listed] = re.findall(r"^rule_files:\n\s+- (\S+)$", text, re.M)
+    # the checkout's rules file, which is byte for byte what the installed package ships (a wheel: another folder)
+    source = (UNIT_TESTS.parent / listed).resolve()
+    assert source == (ROOT / "comfy_memx" / "fleet" / "alerts.yml").resolve()
+    assert source.read_bytes() == Path(fleet.rules_path()).read_bytes()
+
+
+def test_every_alert_has_a_runbook_in_the_readme():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## For fleets\n", 1)
+    assert len(section) == 2, "the README has no 'For fleets' section"
+    body = section[1].split("\n## ", 1)[0]
+    rules = Path(fleet.rules_path()).read_text(encoding="utf-8")
+    for name in alert_names():
+        assert f"**{name}**" in body, f"no runbook for {name} in the README's For fleets section"
+        assert f'runbook: "comfy_memx README, For fleets: {name}"' in rules, name

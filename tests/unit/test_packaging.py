@@ -1,0 +1,108 @@
+"""One layout for every install kind: what the wheel holds, what the package imports, where the suite runs.
+
+Users install a wheel (``pip install .``, a Dockerfile) or run from a checkout; the tests must see what they see.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import comfy_memx
+from comfy_memx.core import discovery
+from comfy_memx.core.errors import SetupError
+
+ROOT = Path(__file__).resolve().parents[2]
+INSTALL_KIND = os.environ.get("MEMX_TEST_INSTALL")  # set by .ci/run: "wheel" or "editable"
+
+
+def source_modules():
+    """``comfy_memx/...py`` names of the source tree: the package (through its patches link) and ``patches/``."""
+    names = set()
+    for folder, prefix in ((ROOT / "comfy_memx", "comfy_memx/"), (ROOT / "patches", "comfy_memx/patches/")):
+        for path in folder.rglob("*.py"):
+            relative = path.relative_to(folder).as_posix()
+            if "__pycache__" not in relative and not relative.startswith("patches/"):
+                names.add(prefix + relative)
+    return names
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dist")
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                            "-w", str(out), str(ROOT)], capture_output=True, text=True, timeout=300,
+                           cwd=str(tmp_path_factory.mktemp("build-cwd")))
+    assert build.returncode == 0, build.stderr[-3000:]
+    [path] = out.glob("comfy_memx-*.whl")
+    return path
+
+
+def test_the_wheel_holds_every_module_of_the_source_tree_and_nothing_else(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = {name for name in names if name.endswith(".py")}
+    assert shipped == source_modules()
+    assert "comfy_memx.pth" in names
+    assert {"comfy_memx/fleet/alerts.yml", "comfy_memx/fleet/dashboard.json"} <= names  # data files (issue 21)
+    assert not any(name.startswith(("tests/", "patches/", "bench/")) for name in names)
+
+
+def test_the_checkout_link_makes_the_patches_part_of_the_package():
+    link = ROOT / "comfy_memx" / "patches"
+    assert link.is_symlink() and os.readlink(link) == "../patches"
+    assert set(discovery.patch_names([str(link)])) == {p.stem for p in (ROOT / "patches").glob("[!_]*.py")}
+
+
+def test_the_suite_runs_against_the_install_kind_ci_asked_for():
+    here = Path(comfy_memx.__file__).resolve()
+    if INSTALL_KIND == "wheel":
+        assert ROOT not in here.parents and "site-packages" in here.parts, here
+    elif INSTALL_KIND == "editable":
+        assert here.parent == ROOT / "comfy_memx", here
+    else:
+        pytest.skip("MEMX_TEST_INSTALL is not set (.ci/run sets it for the editable and the wheel runs)")
+
+
+def test_zero_patch_modules_is_an_error_naming_the_cause():
+    with pytest.raises(SetupError, match="holds no patch module|is missing"):
+        discovery.require_patches(())
+    discovery.require_patches(("model_management",))
+
+
+@pytest.fixture
+def package_without_patches(tmp_path):
+    """A copy of the installed package whose ``patches`` folder lost its modules (a broken install)."""
+    copy = tmp_path / "site" / "comfy_memx"
+    shutil.copytree(Path(comfy_memx.__file__).parent, copy, symlinks=False,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for module in (copy / "patches").glob("*.py"):
+        if module.name != "__init__.py":
+            module.unlink()
+    return copy.parent
+
+
+def _run(args, site, **env):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("COMFY_MEMX")}
+    clean.update(env, PYTHONPATH=str(site))
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120, env=clean,
+                          cwd=str(site))
+
+
+def test_the_launcher_exits_2_when_no_patch_module_is_installed(package_without_patches, tmp_path):
+    script = tmp_path / "main.py"
+    script.write_text("print('ComfyUI ran')\n")
+    out = _run(["-m", "comfy_memx", str(script)], package_without_patches)
+    assert out.returncode == 2 and "ComfyUI ran" not in out.stdout
+    assert "holds no patch module" in out.stderr and "incomplete" in out.stderr
+
+
+def test_the_env_flag_logs_one_error_and_runs_comfyui_unpatched_when_no_patch_module_is_installed(
+        package_without_patches, tmp_path):
+    out = _run(["-c", "import comfy_memx._startup; print('ComfyUI ran')"], package_without_patches, COMFY_MEMX="1")
+    assert out.returncode == 0 and "ComfyUI ran" in out.stdout
+    errors = [line for line in out.stderr.splitlines() if "comfy_memx" in line]
+    assert len(errors) == 1 and "holds no patch module" in errors[0] and "NOT active" in errors[0]
