@@ -65,7 +65,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["comfy_memx", "comfy_memx.*"]),
     # the fleet files (Prometheus rules, Grafana dashboard) are data, not modules
-    package_data={"comfy_memx.fleet": ["alerts.yml", "dashboard.json"]},
+    package_data={"comfy_memx.fleet": ["alerts.yml", "dashboard.json"], "comfy_memx": ["web/*.js", "web/*.html"]},
     install_requires=["torch>=2.1", "safetensors>=0.4", "psutil>=5.9"],
     extras_require={
         "metrics": ["prometheus_client>=0.17"],
