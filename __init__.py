@@ -5,7 +5,7 @@ ComfyUI imports this file while it loads custom nodes.  It adds no node (``NODE_
 activates comfy_memx late (``comfy_memx/nodepack.py``) and serves the memory panel from ``WEB_DIRECTORY``.  The pack
 folder's own ``comfy_memx`` is imported unless one is already imported (the launcher, ``COMFY_MEMX=1``); the pack
 folder never stays on ``sys.path``, so ``patches``, ``tests`` or ``bench`` never become top-level modules.  Nothing
-here raises into ComfyUI's node loading.
+here raises into ComfyUI's node loading, and nothing happens when this file is imported outside ComfyUI.
 """
 
 import logging
@@ -18,6 +18,9 @@ WEB_DIRECTORY = "./comfy_memx/web"
 __all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "WEB_DIRECTORY"]
 
 PACK_DIR = os.path.dirname(os.path.abspath(__file__))
+# The module of ComfyUI that loads custom nodes (load_custom_node): without it this file was imported by something
+# else (pytest collects a folder with an __init__.py as a package, tools scan packs) and activates nothing.
+COMFYUI_NODE_LOADER = "nodes"
 
 
 def _import_comfy_memx():
@@ -43,6 +46,8 @@ def _import_comfy_memx():
 
 
 def _activate():
+    if COMFYUI_NODE_LOADER not in sys.modules:
+        return
     try:
         _, imported_before = _import_comfy_memx()
         from comfy_memx import nodepack

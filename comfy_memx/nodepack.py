@@ -37,8 +37,9 @@ def other_install(pack_dir):
     except (ImportError, ValueError):
         spec = None
     origin = getattr(spec, "origin", None) if spec is not None else None
-    if origin and os.path.dirname(os.path.abspath(origin)) != active:
-        return os.path.dirname(os.path.abspath(origin))
+    found = os.path.dirname(os.path.abspath(origin)) if origin else None
+    if found and found not in (active, pack_dir):  # a pack folder named comfy_memx is no installed copy
+        return found
     for finder in sys.meta_path:  # an editable install's finder maps comfy_memx to its checkout
         mapping = getattr(sys.modules.get(getattr(finder, "__module__", "")), "MAPPING", None)
         if isinstance(mapping, dict) and mapping.get("comfy_memx"):
