@@ -43,6 +43,7 @@ const STYLE = `
   background: var(--comfy-input-bg, #333); border: 1px solid var(--border-color, #4e4e4e); border-radius: 4px;
   padding: 3px 10px; }
 .memx-panel button { cursor: pointer; }
+.memx-panel input { flex: 1 1 14em; min-width: 0; }
 .memx-panel button:disabled { opacity: .6; cursor: wait; }
 .memx-panel .memx-row { display: flex; gap: 6px; align-items: center; flex-wrap: wrap; margin: 4px 0; }
 .memx-panel svg.memx-timeline { width: 100%; height: 170px; display: block; background: var(--comfy-input-bg, #2a2a2a);
@@ -436,9 +437,9 @@ export function mountPanel(root, options = {}) {
   function drawFree() {
     freeButton.disabled = state.freeing;
     freeButton.textContent = state.freeing ? "Freeing…" : "Free memory";
-    freeResult.replaceChildren(
+    freeResult.replaceChildren(...[
       state.freeError ? el("div", { class: "memx-error", role: "alert", "data-memx": "free-error" }, state.freeError) : null,
-      state.receipt ? drawReceipt(state.receipt) : null);
+      state.receipt ? drawReceipt(state.receipt) : null].filter(Boolean));
   }
 
   const onVisible = () => { if (visible()) refresh(); };
