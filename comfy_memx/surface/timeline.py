@@ -3,7 +3,8 @@
 A fixed-size ring (:data:`CAPACITY` entries, the oldest dropped first and counted) of the ``load``, ``unload``,
 ``leak``, ``leak_seen`` and ``free`` events that ``STATE.events`` emits anyway (a leak once per model and stage,
 not at every sighting); :meth:`Timeline.observe` is O(1) per event (one append, bounded dict updates), keeps models
-by ``model_id`` and name only, and runs no timer or thread.  ``GET /memx/timeline`` reads it (``surface.routes``); with no browser open nobody reads it.
+by ``model_id`` and name only, and runs no timer or thread.  ``GET /memx/timeline`` reads it
+(``surface.routes``); with no browser open nobody reads it.
 
 No lock: an event may be emitted from a garbage-collection callback while another is being observed on the same
 thread, so every update is a single operation the interpreter does whole (``deque.append``, a dict assignment),

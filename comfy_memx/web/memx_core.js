@@ -317,6 +317,22 @@ export function mountPanel(root, options = {}) {
     return lines;
   }
 
+  function markOf(kind, cx, cy, colour, top, bottom) {
+    if (kind === "load") {
+      return svg("path", { d: `M${cx - 4},${cy + 3} L${cx + 4},${cy + 3} L${cx},${cy - 4} Z`, fill: colour });
+    }
+    if (kind === "unload") {
+      return svg("path", { d: `M${cx - 4},${cy - 3} L${cx + 4},${cy - 3} L${cx},${cy + 4} Z`, fill: "none",
+                           stroke: colour });
+    }
+    if (kind === "leak") {
+      return svg("path", { d: `M${cx - 4},${cy - 4} L${cx + 4},${cy + 4} M${cx - 4},${cy + 4} L${cx + 4},${cy - 4}`,
+                           stroke: "var(--error-text, #ff4444)", "stroke-width": 2 });
+    }
+    return svg("line", { x1: cx, y1: top, x2: cx, y2: bottom, stroke: "var(--descrip-text, #999)",
+                         "stroke-dasharray": "3 3" });
+  }
+
   function drawTimeline() {
     const start = state.started, end = state.now;
     if (!start || !end) { parts.timeline.replaceChildren(); return; }
@@ -350,11 +366,7 @@ export function mountPanel(root, options = {}) {
       const label = `${clock(entry.time)} ${entry.kind} ${entry.model_id || ""}` +
         (entry.reason ? ` (${entry.reason}${entry.requested_by ? ` by ${who(entry.requested_by)}` : ""})` : "") +
         (entry.holder_package ? ` held by ${entry.holder_package}` : "");
-      let mark;
-      if (entry.kind === "load") mark = svg("path", { d: `M${cx - 4},${cy + 3} L${cx + 4},${cy + 3} L${cx},${cy - 4} Z`, fill: colour });
-      else if (entry.kind === "unload") mark = svg("path", { d: `M${cx - 4},${cy - 3} L${cx + 4},${cy - 3} L${cx},${cy + 4} Z`, fill: "none", stroke: colour });
-      else if (entry.kind === "leak") mark = svg("path", { d: `M${cx - 4},${cy - 4} L${cx + 4},${cy + 4} M${cx - 4},${cy + 4} L${cx + 4},${cy - 4}`, stroke: "var(--error-text, #ff4444)", "stroke-width": 2 });
-      else mark = svg("line", { x1: cx, y1: top, x2: cx, y2: y(0), stroke: "var(--descrip-text, #999)", "stroke-dasharray": "3 3" });
+      const mark = markOf(entry.kind, cx, cy, colour, top, y(0));
       mark.setAttribute("class", `memx-mark memx-mark-${entry.kind}`);
       mark.append(svg("title", {}, label));
       chart.append(mark);

@@ -110,7 +110,8 @@ def panel_view(page):
         const svg = panel.querySelector('svg.memx-timeline');
         const style = getComputedStyle(panel);
         return {models: byId('[data-memx=model]'), leaks: byId('[data-memx=leak]'),
-                fixes: text('[data-memx=leak] [data-memx=fix]'), memory: panel.querySelector('[data-memx=memory]').innerText,
+                fixes: text('[data-memx=leak] [data-memx=fix]'),
+                memory: panel.querySelector('[data-memx=memory]').innerText,
                 error: panel.querySelector('[data-memx=error]').innerText, all: panel.innerText,
                 receipt: text('[data-memx=receipt]'), survivors: text('[data-memx=survivor]'),
                 lines: svg ? svg.querySelectorAll('polyline.memx-line').length : 0,
@@ -266,14 +267,15 @@ def seen_of(browser_session, tree, kind):
     return session, session.seen
 
 
-browser_cases = pytest.mark.parametrize("kind", sorted(KINDS))
-tree_cases = pytest.mark.parametrize("tree", real_trees)
+def browser_test(test):
+    """The marks of every test below: Chromium and real ComfyUI needed, one case per tree and install kind."""
+    for mark in (pytest.mark.parametrize("tree", real_trees), pytest.mark.parametrize("kind", sorted(KINDS)),
+                 needs_real_comfyui, needs_chromium):
+        test = mark(test)
+    return test
 
 
-@needs_chromium
-@needs_real_comfyui
-@browser_cases
-@tree_cases
+@browser_test
 def test_the_panel_names_the_leaked_model_its_holder_package_and_fix(tree, kind, browser_session):
     session, seen = seen_of(browser_session, tree, kind)
     view = seen["first"]
@@ -293,10 +295,7 @@ def test_the_panel_names_the_leaked_model_its_holder_package_and_fix(tree, kind,
     assert not NOT_SHOWN.intersection(view["all"].split()), view["all"]
 
 
-@needs_chromium
-@needs_real_comfyui
-@browser_cases
-@tree_cases
+@browser_test
 def test_the_timeline_draws_a_line_per_model_with_load_and_leak_marks(tree, kind, browser_session):
     session, seen = seen_of(browser_session, tree, kind)
     view = seen["first"]
@@ -305,10 +304,7 @@ def test_the_timeline_draws_a_line_per_model_with_load_and_leak_marks(tree, kind
     assert view["marks"]["load"] >= 3 and view["marks"]["leak"] >= 1, view["marks"]
 
 
-@needs_chromium
-@needs_real_comfyui
-@browser_cases
-@tree_cases
+@browser_test
 def test_free_shows_a_receipt_listing_the_survivor_and_its_holder(tree, kind, browser_session):
     session, seen = seen_of(browser_session, tree, kind)
     view = seen["freed"]
@@ -316,15 +312,13 @@ def test_free_shows_a_receipt_listing_the_survivor_and_its_holder(tree, kind, br
     assert len(view["receipt"]) == 1 and "Receipt: done" in view["receipt"][0], (view["receipt"], where(session))
     assert "Freed" in view["receipt"][0] and "Process memory" in view["receipt"][0], view["receipt"]
     survivors = [text for text in view["survivors"] if model in text]
-    assert len(survivors) == 1 and f"held by {HOLDER}" in survivors[0] and HOLDER_PATH in survivors[0], view["survivors"]
+    assert len(survivors) == 1 and f"held by {HOLDER}" in survivors[0], view["survivors"]
+    assert HOLDER_PATH in survivors[0], survivors[0]
     assert view["marks"]["free"] >= 1, view["marks"]
     assert not NOT_SHOWN.intersection(view["all"].split()), view["all"]
 
 
-@needs_chromium
-@needs_real_comfyui
-@browser_cases
-@tree_cases
+@browser_test
 def test_the_panel_is_still_right_after_fifty_prompts(tree, kind, browser_session):
     session, seen = seen_of(browser_session, tree, kind)
     assert seen["cheap_ok"] == [True] * CHEAP_PROMPTS, where(session)
@@ -336,10 +330,7 @@ def test_the_panel_is_still_right_after_fifty_prompts(tree, kind, browser_sessio
     assert view["error"] == "", view["error"]
 
 
-@needs_chromium
-@needs_real_comfyui
-@browser_cases
-@tree_cases
+@browser_test
 def test_light_and_dark_follow_comfyuis_palette_and_the_page_shows_the_same(tree, kind, browser_session):
     session, seen = seen_of(browser_session, tree, kind)
     assert seen["dark"]["background"] != seen["light"]["background"], (seen["dark"], seen["light"])
@@ -351,10 +342,7 @@ def test_light_and_dark_follow_comfyuis_palette_and_the_page_shows_the_same(tree
     assert page["error"] == "", page["error"]
 
 
-@needs_chromium
-@needs_real_comfyui
-@browser_cases
-@tree_cases
+@browser_test
 def test_no_error_in_the_browser_console(tree, kind, browser_session):
     """Nothing of comfy_memx errs: no uncaught exception anywhere, no console error on /memx/, no failed request
     to a comfy_memx URL, and on ComfyUI's page only ComfyUI's own offline and first-run noise (its bundle's
