@@ -96,12 +96,15 @@ class Handlers:
                       "sites": registry.site_status(), "pins": readmodel.pin_facts()})
 
     async def timeline(self, request):
-        """GET /memx/timeline?since=N: the timeline entries numbered above N (``surface.timeline``)."""
+        """GET /memx/timeline?since=N: the timeline entries numbered above N (``surface.timeline``; clipped and
+        serialized on the reads executor, up to 4096 entries)."""
         text = request.query.get("since", "0")
         if not (text.isdigit() and len(text) <= 19):
             raise HttpError(400, "bad_since", "since must be a whole number >= 0 (the 'next' of the last answer)")
+        from aiohttp import web
         loop = asyncio.get_running_loop()
-        return _json(await loop.run_in_executor(gate.reads(), timeline.install().view, int(text)))
+        body = await loop.run_in_executor(gate.reads(), _timeline_body, int(text))
+        return web.Response(body=body, content_type="application/json")
 
     async def free(self, request):
         """POST /memx/free: set ComfyUI's free flags, wait for the worker run that reads them, answer the receipt.
@@ -198,6 +201,10 @@ class Handlers:
 
 def _models_body():
     return json.dumps(readmodel.clip(readmodel.model_rows())).encode("utf-8")
+
+
+def _timeline_body(since):
+    return json.dumps(readmodel.clip(timeline.install().view(since))).encode("utf-8")
 
 
 def _guard(request):
