@@ -4,8 +4,9 @@ The sources are the committed tree (HEAD) as a ``git -c core.symlinks=false clon
 as a ``git archive`` extract (what a zip download holds).  From each: the wheel holds every module of the source tree
 and ``comfy_memx.pth``; ``pip install .`` (into a target folder), the wheel, ``pip install -e .`` (into a prefix,
 its .pth files processed) and the bare checkout on ``sys.path`` all import ``comfy_memx.patches.*`` from the right
-folder, find every patch module, and never import a top-level ``patches``.  Each import runs in ``python -S`` so
-that the environment running the tests (which has its own comfy_memx) is not seen.
+folder, find every patch module, and never import a top-level ``patches``.  Builds run under pip's build isolation
+(pyproject's ``[build-system]`` setuptools, as users get it).  Each import runs in ``python -S`` so that the
+environment running the tests (which has its own comfy_memx) is not seen.
 """
 
 import io
@@ -104,7 +105,7 @@ def test_the_source_has_no_symlink_and_no_comfy_memx_patches_entry(source):
 def wheel(source):
     """The wheel built from ``source`` (once per source)."""
     dist = source.parent / "dist"
-    pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), str(source), cwd=source.parent)
+    pip("wheel", "--no-deps", "-w", str(dist), str(source), cwd=source.parent)
     [built] = dist.glob("comfy_memx-*.whl")
     return built
 
@@ -124,7 +125,7 @@ def test_the_wheel_installed_imports_the_patches_from_the_installed_package(sour
 
 
 def test_pip_install_dot_imports_the_patches_from_the_installed_package(source, tmp_path):
-    pip("install", "--no-deps", "--no-build-isolation", "--target", str(tmp_path / "site"), str(source),
+    pip("install", "--no-deps", "--target", str(tmp_path / "site"), str(source),
         cwd=tmp_path)
     result = probe(tmp_path / "site", cwd=tmp_path)
     assert result["package"] == str(tmp_path / "site" / "comfy_memx")
@@ -136,7 +137,7 @@ def test_the_editable_install_imports_the_patches_from_the_sources_patches_folde
     work = tmp_path / "src"
     shutil.copytree(source, work)   # an editable install writes build files next to the sources
     prefix = tmp_path / "prefix"
-    pip("install", "--no-deps", "--no-build-isolation", "--prefix", str(prefix), "-e", str(work), cwd=tmp_path)
+    pip("install", "--no-deps", "--prefix", str(prefix), "-e", str(work), cwd=tmp_path)
     purelib = Path(sysconfig.get_path("purelib", vars={"base": str(prefix), "platbase": str(prefix)}))
     assert (purelib / "comfy_memx.pth").is_file()
     result = probe(purelib, cwd=tmp_path)
