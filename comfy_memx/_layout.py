@@ -8,7 +8,6 @@ symlink would not survive a zip download or a ``core.symlinks=false`` clone (Git
 ``sys.meta_path`` that answers for ``comfy_memx.patches`` alone; ``patches`` never becomes a top-level package.
 """
 
-import importlib.util
 import os
 import sys
 
@@ -40,6 +39,7 @@ class CheckoutPatchesFinder:
         parent_dirs = [os.path.abspath(p) for p in getattr(parent, "__path__", ())]
         if self.package_dir not in parent_dirs:
             return None
+        import importlib.util  # here, not at the top: comfy_memx's own import stays free of it
         return importlib.util.spec_from_file_location(PACKAGE, os.path.join(self.folder, "__init__.py"),
                                                       submodule_search_locations=[self.folder])
 

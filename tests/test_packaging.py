@@ -22,7 +22,7 @@ INSTALL_KIND = os.environ.get("MEMX_TEST_INSTALL")  # set by .ci/run: "wheel" or
 
 
 def source_modules():
-    """``comfy_memx/...py`` names of the source tree: the package (through its patches link) and ``patches/``."""
+    """``comfy_memx/...py`` names of the source tree: the package and ``patches/`` (packaged as comfy_memx.patches)."""
     names = set()
     for folder, prefix in ((ROOT / "comfy_memx", "comfy_memx/"), (ROOT / "patches", "comfy_memx/patches/")):
         for path in folder.rglob("*.py"):

@@ -48,4 +48,5 @@ def require_patches(names):
         where = f"{PACKAGE} is missing from {here}"
     raise SetupError(f"{where}: this comfy_memx installation is incomplete (reinstall it from a complete "
                      f"checkout or its wheel: `python -m pip install --no-deps --force-reinstall path/to/comfy_memx`; "
-                     f"in a checkout, the patch modules live in patches/ next to comfy_memx/)")
+                     "a node pack in custom_nodes/: clone or unzip the repository again; in a checkout, the patch "
+                     "modules live in patches/ next to comfy_memx/)")

@@ -40,8 +40,13 @@ def is_late():
 
 
 def _holder_name(module_name, module):
+    """``custom node <pack>`` (with the module when it is a submodule) or ComfyUI's own module name."""
     package = package_of_file(getattr(module, "__file__", None) or "")
-    return f"custom node {package} ({module_name})" if package else module_name
+    if not package:
+        return module_name
+    # ComfyUI registers a pack's top module under its folder's path: that name says nothing more than the pack
+    return f"custom node {package}" if "/" in module_name or "\\" in module_name else \
+        f"custom node {package} ({module_name})"
 
 
 def unreachable_sites(sites):
