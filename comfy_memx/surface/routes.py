@@ -90,7 +90,8 @@ class Handlers:
     async def status(self, request):
         """GET /memx/status: comfy_memx's version, how it was activated, its leak mode and every patch site's state
         (``patched``, ``skipped`` with its reason, or ``rewrapped``: another pack replaced it, comfy_memx wraps the
-        replacement).  Nothing of the settings' values beyond the leak mode."""
+        replacement), and the pinned bytes against the caps (``readmodel.pin_facts``, as in the metrics).  Nothing
+        of the settings' values beyond the leak mode and the pin cap in force."""
         from comfy_memx._version import __version__
         return _json({"version": __version__, "source": STATE.source, "leak_mode": STATE.config.leak_mode,
                       "sites": registry.site_status(), "pins": readmodel.pin_facts()})

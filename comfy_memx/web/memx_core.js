@@ -161,10 +161,14 @@ export function mountPanel(root, options = {}) {
     if (state.busy) return;
     state.busy = true;
     try {
-      const [models, status, stats, timeline] = await Promise.all([
+      let [models, status, stats, timeline] = await Promise.all([
         getJson("/memx/models"), getJson("/memx/status"),
         getJson("/system_stats").catch(() => null), getJson(`/memx/timeline?since=${state.next}`)]);
-      if (state.started !== timeline.started) { state.entries = []; state.started = timeline.started; }
+      if (state.started !== timeline.started) {     // first read, or the server restarted: read it all
+        if (state.next > 0) timeline = await getJson("/memx/timeline?since=0");
+        state.entries = [];
+        state.started = timeline.started;
+      }
       state.entries.push(...timeline.entries);
       if (state.entries.length > MAX_ENTRIES) state.entries.splice(0, state.entries.length - MAX_ENTRIES);
       Object.assign(state, { models, status, stats, next: timeline.next, now: timeline.now,
@@ -177,8 +181,8 @@ export function mountPanel(root, options = {}) {
     draw();
   }
 
-  function visible() {
-    return root.isConnected && document.visibilityState === "visible";
+  function visible() {   // in the page, laid out (not a hidden tab) and the browser tab in front
+    return root.isConnected && root.getClientRects().length > 0 && document.visibilityState === "visible";
   }
 
   function schedule() {
