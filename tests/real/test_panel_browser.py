@@ -31,6 +31,7 @@ CHROMIUM = os.environ.get("COMFY_MEMX_CHROMIUM") or shutil.which("chromium") or 
 TAB_BUTTON = ".comfy-memx-memory-tab-button"
 CHEAP_PROMPTS = 50
 MODEL_EVERY = 10
+QUIET_S = 5               # seconds of listening for the panel's requests: two polls and a half
 #: install kinds: the launcher (``python -m comfy_memx main.py``), and this repository cloned into custom_nodes/
 #: started with ComfyUI's plain ``python main.py`` (the node pack)
 KINDS = {"launcher": {"launcher": "module", "env": {"COMFY_MEMX_LEAK_MODE": "strict"}, "node_pack": False},
@@ -169,14 +170,20 @@ def run_browser(session, shots, label):
             page.locator("svg.memx-timeline .memx-mark-free").first.wait_for(state="attached", timeout=WAIT_MS)
             seen["freed"] = panel_view(page)
             seen["shots"]["receipt"] = _shot(page, shots, f"{label}-panel-receipt-light.png")
-            records = [session.submit(f"cheap_{index}", cheap_prompt(index)) for index in range(CHEAP_PROMPTS)]
-            seen["cheap_ok"] = [session.finish(record)["ok"] for record in records]
+            # one after another: queued all at once, ComfyUI validates the rest on its event loop while the worker
+            # collects garbage in full, and on a loaded machine a POST /prompt answered after the client's 10 s
+            seen["cheap_ok"] = [session.prompt(f"cheap_{index}", cheap_prompt(index))["ok"]
+                                for index in range(CHEAP_PROMPTS)]
             page.wait_for_timeout(500)
             seen["server_after"] = {"models": len(session.request("models", "GET", "/memx/models")["body"]),
                                     "timeline": timeline_counts(session)}
             seen["after"] = wait_until(lambda: _caught_up(page, seen["server_after"]), 30,
                                        "the panel to show the server's rows and timeline after the prompts")
             seen["shots"]["after"] = _shot(page, shots, f"{label}-panel-after-{CHEAP_PROMPTS}-light.png")
+            seen["polls_open"] = memx_requests_during(page, QUIET_S)
+            page.locator(TAB_BUTTON).first.click()          # close the tab: the panel must stop asking
+            page.wait_for_timeout(500)
+            seen["polls_closed"] = memx_requests_during(page, QUIET_S)
             standalone = watched(context.new_page(), seen)
             standalone.emulate_media(color_scheme="dark")
             standalone.goto(session.base_url + "/memx/", wait_until="load")
@@ -224,6 +231,19 @@ def watched(page, seen):
         f"{response.status} {response.url}"))
     page.on("requestfailed", lambda request: seen["failed"].append(f"{request.failure} {request.url}"))
     return page
+
+
+def memx_requests_during(page, seconds):
+    """The comfy_memx requests the page makes in the next ``seconds``."""
+    asked = []
+
+    def note(request):
+        if "/memx/" in request.url:
+            asked.append(request.url)
+    page.on("request", note)
+    page.wait_for_timeout(seconds * 1000)
+    page.remove_listener("request", note)
+    return asked
 
 
 def _caught_up(page, server):
@@ -364,3 +384,24 @@ def comfyuis_own(message, base_url):
     if message["text"].startswith("Failed to load resource"):
         return "memx" not in at
     return at.startswith(base_url + "/assets/")
+
+
+@browser_test
+def test_the_loader_is_named_with_no_comfy_memx_in_between(tree, kind, browser_session, request):
+    if kind == "node_pack":
+        request.applymarker(pytest.mark.xfail(strict=True, reason=(
+            "as a node pack comfy_memx's own frames lie under custom_nodes/, and the attribution names it as a "
+            "package on the stack between the node and the load ('via comfy_memx'); issue 20, node pack")))
+    session, seen = seen_of(browser_session, tree, kind)
+    leak = seen["first"]["leaks"].get(seen["leak_row"]["model_id"], "")
+    assert f"loaded by {culprit.LOADER} · {culprit.LOADER_NODE} (node 2)" in leak, leak
+    assert "via comfy_memx" not in leak, leak
+
+
+@browser_test
+def test_the_panel_asks_only_while_its_tab_is_open(tree, kind, browser_session):
+    session, seen = seen_of(browser_session, tree, kind)
+    models_polls = [url for url in seen["polls_open"] if "/memx/models" in url]
+    assert len(models_polls) >= 2, seen["polls_open"]
+    assert any("since=" in url and not url.endswith("since=0") for url in seen["polls_open"]), seen["polls_open"]
+    assert seen["polls_closed"] == [], seen["polls_closed"]
