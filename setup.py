@@ -1,9 +1,12 @@
 """Packaging for comfy_memx.
 
-One layout for every install kind: the patch modules live in the top-level ``patches/`` folder and
-``comfy_memx/patches`` is a link to it, so a checkout, ``pip install .``, a built wheel and ``pip install -e .`` all
-import the same ``comfy_memx.patches`` (never a top-level ``patches`` package).  Packages are found, not listed, so
-no subpackage can be left out of a wheel (``tests/test_packaging.py`` compares the wheel with the source tree).
+One layout for every install kind, with no symlink in the tree (a zip download or a ``core.symlinks=false`` clone
+would turn one into a text file): the patch modules live in the top-level ``patches/`` folder and are packaged as
+``comfy_memx.patches`` (``package_dir``), so ``pip install .``, a built wheel and ``pip install -e .`` (setuptools'
+editable finder honours the mapping) all import the same ``comfy_memx.patches``, never a top-level ``patches``
+package; a checkout used without installing it finds them through ``comfy_memx/_layout.py``.  Packages are found,
+not listed, so no subpackage can be left out of a wheel (``tests/test_packaging.py`` compares the wheel with the
+source tree).  The metadata (name, version, dependencies, extras) is in pyproject.toml's ``[project]`` table.
 ``comfy_memx.pth`` is placed at the root of site-packages so that ``COMFY_MEMX=1`` activates comfy_memx in any
 ComfyUI start command; the .pth line only reads ``os.environ`` unless the flag is set.
 """
@@ -17,14 +20,7 @@ from setuptools.command.editable_wheel import editable_wheel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PTH = "comfy_memx.pth"
-
-
-def _version():
-    with open(os.path.join(HERE, "comfy_memx", "_version.py"), encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("__version__"):
-                return line.split("=")[1].strip().strip('"')
-    raise RuntimeError("no __version__ in comfy_memx/_version.py")
+PATCHES = "comfy_memx.patches"
 
 
 class BuildPyWithPth(build_py):
@@ -56,24 +52,9 @@ class EditableWheelWithPth(editable_wheel):
 
 
 setup(
-    name="comfy_memx",
-    version=_version(),
-    description="Make ComfyUI's model memory visible and controllable without editing ComfyUI",
-    long_description=open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
-    if os.path.exists(os.path.join(HERE, "README.md")) else "",
-    long_description_content_type="text/markdown",
-    python_requires=">=3.10",
-    packages=find_packages(include=["comfy_memx", "comfy_memx.*"]),
+    packages=find_packages(include=["comfy_memx", "comfy_memx.*"]) + [PATCHES],
+    package_dir={PATCHES: "patches"},
     # the fleet files (Prometheus rules, Grafana dashboard) are data, not modules
-    package_data={"comfy_memx.fleet": ["alerts.yml", "dashboard.json"]},
-    install_requires=["torch>=2.1", "safetensors>=0.4", "psutil>=5.9"],
-    extras_require={
-        "metrics": ["prometheus_client>=0.17"],
-        "plot": ["matplotlib>=3.5"],
-        # numpy: safetensors.torch.save_file (checkpoints generated at run time) needs it
-        "bench": ["objgraph>=3.5", "matplotlib>=3.5", "numpy>=1.23"],
-        "test": ["pytest>=7", "aiohttp>=3.8", "prometheus_client>=0.17", "numpy>=1.23", "objgraph>=3.5",
-                 "matplotlib>=3.5"],
-    },
+    package_data={"comfy_memx.fleet": ["alerts.yml", "dashboard.json"], "comfy_memx": ["web/*.js", "web/*.html"]},
     cmdclass={"build_py": BuildPyWithPth, "editable_wheel": EditableWheelWithPth},
 )

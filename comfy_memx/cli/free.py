@@ -102,19 +102,39 @@ def format_receipt(receipt):
     for row in survivors:
         lines.append(f"  {row.get('model_id')} ({row.get('model')})  {format_bytes(row.get('bytes'))}, "
                      f"{row.get('reason')}{_owner_text(row.get('owner'))}")
+        lines += _leak_lines(row.get("leak"))
         search = row.get("search") or {}
         if search.get("error"):
             lines.append(f"    holder search failed: {search['error']}")
         elif row.get("holders") is None:
-            lines.append("    holders not searched")
+            lines.append(f"    holders not searched{': ' + str(search['note']) if search.get('note') else ''}")
         for chain in row.get("holders") or []:
-            package = chain.get("holder_package") or chain.get("package")
-            lines.append(f"    held by {chain.get('path')}  [package {package}, {chain.get('root_kind')}]")
-            if chain.get("pattern"):
-                lines.append(f"      fix ({chain['pattern']}): {chain.get('suggestion')}")
+            lines += _chain_lines(chain, "    held by")
         if row.get("holders") == [] and not search.get("error"):
             lines.append(f"    {_no_holder_text(search)}")
     lines += _memory_lines(receipt.get("memory"))
+    return lines
+
+
+def _chain_lines(chain, lead):
+    """One holder chain: its path, the package that holds the model and the root's kind, then its pattern and the
+    usual fix (``comfy_memx.leaks.patterns``)."""
+    package = chain.get("holder_package") or chain.get("package") or "?"
+    lines = [f"{lead} {chain.get('path')}  [package {package}, {chain.get('root_kind') or '?'}]"]
+    if chain.get("pattern"):
+        lines.append(f"      fix ({chain['pattern']}): {chain.get('suggestion') or '?'}")
+    return lines
+
+
+def _leak_lines(leak):
+    """What the leak report already knows about a survivor: its stage, sightings and the holder it named, with that
+    holder's pattern and fix (the receipt's ``leak``; shown even when this free searched no holder)."""
+    if not isinstance(leak, dict):
+        return []
+    seen = f", seen in {leak['sightings']} prompt(s)" if leak.get("sightings") else ""
+    lines = [f"    leak report: {leak.get('stage') or '?'}{seen}"]
+    if isinstance(leak.get("holder"), dict) and leak["holder"].get("path"):
+        lines += _chain_lines(leak["holder"], "    reported holder")
     return lines
 
 

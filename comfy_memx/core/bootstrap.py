@@ -10,7 +10,7 @@
 
 import logging
 
-from . import config, registry
+from . import config, late, registry
 from .discovery import require_patches
 from .errors import ConfigError, MemxError
 from .state import STATE
@@ -21,8 +21,8 @@ log = logging.getLogger("comfy_memx")
 def bootstrap(source, environ=None):
     """Activate comfy_memx once per process; returns the active Config.
 
-    ``source`` says how it was activated (``launcher``, ``env``, ``auto``, ``api``, ``demo``) and shows in the
-    startup line.  Raises :class:`~comfy_memx.core.errors.ConfigError` on a bad setting and
+    ``source`` says how it was activated (``launcher``, ``env``, ``auto``, ``api``, ``demo``, ``node pack``) and
+    shows in the startup line; a second call (the node pack under the launcher, say) changes nothing.  Raises :class:`~comfy_memx.core.errors.ConfigError` on a bad setting and
     :class:`~comfy_memx.core.errors.SetupError` on an incomplete installation, before anything is patched.
     Warnings about the settings (an unknown ``COMFY_MEMX_*`` name) are logged at once, not when ComfyUI has set up
     its logging: until then Python prints them on stderr.
@@ -40,6 +40,7 @@ def bootstrap(source, environ=None):
     for warning in cfg.warnings:
         log.warning("comfy_memx: %s", warning)
     STATE.configure(cfg, source)
+    late.note_if_late({registry.patch_of(name).target for name in config.PATCH_NAMES})
     registry.arm(cfg)
     return cfg
 

@@ -1,7 +1,7 @@
 """Which patch modules this installation has: the ``.py`` files of ``comfy_memx.patches``, found without importing.
 
 Discovery must never silently find nothing: an installation that lost its patch modules (a wheel built without
-them, a checkout whose ``comfy_memx/patches`` link is broken) would otherwise run ComfyUI unpatched and say nothing.
+them, a checkout without its ``patches/`` folder) would otherwise run ComfyUI unpatched and say nothing.
 :func:`require_patches` turns that into a :class:`~comfy_memx.core.errors.SetupError` naming the cause; the
 bootstrap calls it, so the launcher exits 2 and ``COMFY_MEMX=1`` logs one ERROR.
 """
@@ -48,4 +48,5 @@ def require_patches(names):
         where = f"{PACKAGE} is missing from {here}"
     raise SetupError(f"{where}: this comfy_memx installation is incomplete (reinstall it from a complete "
                      f"checkout or its wheel: `python -m pip install --no-deps --force-reinstall path/to/comfy_memx`; "
-                     f"in a checkout, comfy_memx/patches must be the link to ../patches)")
+                     "a node pack in custom_nodes/: clone or unzip the repository again; in a checkout, the patch "
+                     "modules live in patches/ next to comfy_memx/)")

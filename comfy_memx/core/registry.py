@@ -13,7 +13,7 @@ import logging
 import sys
 
 from comfy_memx._version import __version__
-from comfy_memx.core import importhook, wrapping
+from comfy_memx.core import importhook, late, wrapping
 from comfy_memx.core.comfyui import package_of_file
 from comfy_memx.core.config import PATCH_NAMES
 from comfy_memx.core.errors import PatchSkipped, internal_error
@@ -158,7 +158,23 @@ def startup_line(version, source, leak_mode):
     line = f"comfy_memx {version} active ({source}, leak mode {leak_mode}): patched {', '.join(patched) or 'nothing'}"
     if skipped:
         line += "; skipped " + "; ".join(f"{', '.join(sites)} ({reason})" for reason, sites in skipped.items())
-    return line
+    return line + late.summary(_module_level_originals())
+
+
+def _module_level_originals():
+    """``[(label, target, original)]`` for every patched module-level function (the ones a ``from X import f``
+    done before the patch can bypass; class methods are patched on the class and reach every caller)."""
+    found = []
+    for (name, site), (state, _) in _ordered_status():
+        target = patch_of(name).target
+        module = sys.modules.get(target)
+        if state != "patched" or "." in site or module is None:
+            continue
+        try:
+            found.append((_label(name, site), target, wrapping.original_of(module, site)))
+        except PatchSkipped:
+            continue
+    return found
 
 
 def announce(force=False):

@@ -4,6 +4,8 @@
 route                  method  answer
 =====================  ======  ==================================================================================
 ``/memx/models``       GET     JSON list: one object per model in the ledger (loaded, offloaded or leaked)
+``/memx/timeline``     GET     the memory panel's history (``surface.timeline``): entries after ``?since=`` (seq)
+``/memx/``             GET     the standalone memory page, its files under ``/memx/web/`` (``surface.panel``)
 ``/memx/free``         POST    ComfyUI's ``/free`` body; waits for the prompt worker, then the receipt (200), or
                                what is known when ``?timeout=`` seconds (default 60) passed first (202)
 ``/memx/models/{id}/   POST    a strict holder search of one live model now (bounded by COMFY_MEMX_LEAK_BUDGET);
@@ -33,7 +35,7 @@ import math
 from comfy_memx.core import registry
 from comfy_memx.core.errors import MemxError, internal_error
 from comfy_memx.core.state import STATE
-from comfy_memx.surface import access, answers, bodies, freeing, gate, metrics, readmodel
+from comfy_memx.surface import access, answers, bodies, freeing, gate, metrics, panel, readmodel, timeline
 from comfy_memx.surface.bodies import Field
 
 log = logging.getLogger("comfy_memx")
@@ -84,10 +86,22 @@ class Handlers:
     async def status(self, request):
         """GET /memx/status: comfy_memx's version, how it was activated, its leak mode and every patch site's state
         (``patched``, ``skipped`` with its reason, or ``rewrapped``: another pack replaced it, comfy_memx wraps the
-        replacement).  Nothing of the settings' values beyond the leak mode."""
+        replacement), and the pinned bytes against the caps (``readmodel.pin_facts``, as in the metrics).  Nothing
+        of the settings' values beyond the leak mode and the pin cap in force."""
         from comfy_memx._version import __version__
         return _json({"version": __version__, "source": STATE.source, "leak_mode": STATE.config.leak_mode,
-                      "sites": registry.site_status()})
+                      "sites": registry.site_status(), "pins": readmodel.pin_facts()})
+
+    async def timeline(self, request):
+        """GET /memx/timeline?since=N: the timeline entries numbered above N (``surface.timeline``; clipped and
+        serialized on the reads executor, up to 4096 entries)."""
+        text = request.query.get("since", "0")
+        if not (text.isdigit() and len(text) <= 19):
+            raise HttpError(400, "bad_since", "since must be a whole number >= 0 (the 'next' of the last answer)")
+        from aiohttp import web
+        loop = asyncio.get_running_loop()
+        body = await loop.run_in_executor(gate.reads(), _timeline_body, int(text))
+        return web.Response(body=body, content_type="application/json")
 
     async def free(self, request):
         """POST /memx/free: set ComfyUI's free flags, wait for the worker run that reads them, answer the receipt.
@@ -152,6 +166,10 @@ class Handlers:
         response = web.Response(body=body)
         response.headers["Content-Type"] = content_type
         return response
+
+
+def _timeline_body(since):
+    return json.dumps(readmodel.clip(timeline.install().view(since))).encode("utf-8")
 
 
 def _guard(request):
@@ -275,11 +293,14 @@ def register(server):
     routes = server.routes
     routes.get("/memx/models")(_guarded("/memx/models", handlers.models))
     routes.get("/memx/status")(_guarded("/memx/status", handlers.status))
+    routes.get("/memx/timeline")(_guarded("/memx/timeline", handlers.timeline))
     routes.post("/memx/free")(_guarded("/memx/free", handlers.free))
     routes.post("/memx/models/{model_id}/search")(_guarded("/memx/models/{model_id}/search", handlers.search))
     metrics_handler = _guarded("metrics", handlers.metrics)
     routes.get(OWN_METRICS_PATH)(metrics_handler)
-    served = ["/memx/models", "/memx/status", "/memx/free", "/memx/models/{model_id}/search", OWN_METRICS_PATH]
+    served = ["/memx/models", "/memx/status", "/memx/timeline", "/memx/free", "/memx/models/{model_id}/search",
+              OWN_METRICS_PATH, *panel.register(routes)]
+    timeline.install()
     if metrics_path_taken(server):
         log.info("comfy_memx: another extension already serves %s; comfy_memx's metrics are at %s",
                  METRICS_PATH, OWN_METRICS_PATH)

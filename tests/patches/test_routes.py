@@ -164,7 +164,7 @@ def test_status_route_says_each_sites_state_and_a_replaced_one_as_rewrapped(vers
         return before, after
 
     (status, before), (_, after) = serve(version, tmp_path, scenario)
-    assert status == 200 and set(before) == {"version", "source", "leak_mode", "sites"}
+    assert status == 200 and set(before) == {"version", "source", "leak_mode", "sites", "pins"}
     states = {row["site"]: row["state"] for row in before["sites"]}
     assert states["load_models_gpu"] == "patched" and before["leak_mode"] == "report"
     [site] = [row for row in after["sites"] if row["site"] == "load_models_gpu"]
@@ -476,18 +476,17 @@ def test_register_adds_routes_once_and_detects_a_taken_metrics_path():
             self.routes, self.app, self.prompt_queue = web.RouteTableDef(), web.Application(), None
 
     plain = Server()
-    served = ["/memx/models", "/memx/status", "/memx/free", "/memx/models/{model_id}/search", "/memx/metrics",
-              "/metrics"]
+    served = ["/memx/models", "/memx/status", "/memx/timeline", "/memx/free", "/memx/models/{model_id}/search",
+              "/memx/metrics", "/memx/", "/memx/web/{name}", "/metrics"]
     assert routes.register(plain) == served
     assert routes.register(plain) == served
-    assert len(list(plain.routes)) == 6
+    assert len(list(plain.routes)) == 10   # and GET /memx, the redirect to /memx/
     taken = Server()
 
     async def handler(request):
         return web.Response()
     taken.app.router.add_get("/api/metrics", handler)
-    assert routes.register(taken) == ["/memx/models", "/memx/status", "/memx/free", "/memx/models/{model_id}/search",
-                                      "/memx/metrics"]
+    assert routes.register(taken) == served[:-1]
 
 
 def test_free_without_the_execution_patch_sets_the_flags_and_says_it_cannot_follow(tmp_path):

@@ -21,7 +21,7 @@ INSTALL_KIND = os.environ.get("MEMX_TEST_INSTALL")  # set by .ci/run: "wheel" or
 
 
 def source_modules():
-    """``comfy_memx/...py`` names of the source tree: the package (through its patches link) and ``patches/``."""
+    """``comfy_memx/...py`` names of the source tree: the package and ``patches/`` (packaged as comfy_memx.patches)."""
     names = set()
     for folder, prefix in ((ROOT / "comfy_memx", "comfy_memx/"), (ROOT / "patches", "comfy_memx/patches/")):
         for path in folder.rglob("*.py"):
@@ -48,13 +48,19 @@ def test_the_wheel_holds_every_module_of_the_source_tree_and_nothing_else(wheel)
     assert shipped == source_modules()
     assert "comfy_memx.pth" in names
     assert {"comfy_memx/fleet/alerts.yml", "comfy_memx/fleet/dashboard.json"} <= names  # data files (issue 21)
+    assert {"comfy_memx/web/memx_panel.js", "comfy_memx/web/memx_core.js", "comfy_memx/web/page.html"} <= names
     assert not any(name.startswith(("tests/", "patches/", "bench/")) for name in names)
 
 
-def test_the_checkout_link_makes_the_patches_part_of_the_package():
-    link = ROOT / "comfy_memx" / "patches"
-    assert link.is_symlink() and os.readlink(link) == "../patches"
-    assert set(discovery.patch_names([str(link)])) == {p.stem for p in (ROOT / "patches").glob("[!_]*.py")}
+def test_the_tree_holds_no_symlink_and_the_checkout_imports_its_patches_from_patches():
+    tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-s"], capture_output=True, text=True)
+    if tracked.returncode == 0:
+        assert [line for line in tracked.stdout.splitlines() if line.startswith("120000")] == []
+    assert not (ROOT / "comfy_memx" / "patches").exists()
+    import comfy_memx.patches
+    if INSTALL_KIND != "wheel":
+        assert Path(comfy_memx.patches.__file__).resolve() == ROOT / "patches" / "__init__.py"
+    assert set(discovery.patch_names()) == {p.stem for p in (ROOT / "patches").glob("[!_]*.py")}
 
 
 def test_the_suite_runs_against_the_install_kind_ci_asked_for():
@@ -77,11 +83,9 @@ def test_zero_patch_modules_is_an_error_naming_the_cause():
 def package_without_patches(tmp_path):
     """A copy of the installed package whose ``patches`` folder lost its modules (a broken install)."""
     copy = tmp_path / "site" / "comfy_memx"
-    shutil.copytree(Path(comfy_memx.__file__).parent, copy, symlinks=False,
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    for module in (copy / "patches").glob("*.py"):
-        if module.name != "__init__.py":
-            module.unlink()
+    shutil.copytree(Path(comfy_memx.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__", "patches"))
+    (copy / "patches").mkdir()
+    (copy / "patches" / "__init__.py").write_text('"""the patch modules were lost"""\n')
     return copy.parent
 
 

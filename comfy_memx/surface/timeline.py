@@ -1,0 +1,144 @@
+"""The memory panel's timeline: a bounded history of each model's loaded bytes since the server started.
+
+A fixed-size ring (:data:`CAPACITY` entries, the oldest dropped first and counted) of the ``load``, ``unload``,
+``leak``, ``leak_seen`` and ``free`` events that ``STATE.events`` emits anyway (a leak once per model and stage,
+not at every sighting); :meth:`Timeline.observe` is O(1) per event (one append, bounded dict updates), keeps models
+by ``model_id`` and name only, and runs no timer or thread.  ``GET /memx/timeline`` reads it
+(``surface.routes``); with no browser open nobody reads it.
+
+No lock: an event may be emitted from a garbage-collection callback while another is being observed on the same
+thread, so every update is a single operation the interpreter does whole (``deque.append``, a dict assignment),
+and a reader that meets a ring changed under it copies again (:meth:`Timeline.since`).
+"""
+
+import collections
+import itertools
+import time
+
+from comfy_memx.core.state import STATE
+
+CAPACITY = 4096          # entries in the ring
+KNOWN_MODELS = 512       # models whose last loaded bytes are remembered (to place an unload's line)
+MARKED = {"load": "load", "unload": "unload", "leak": "leak", "leak_seen": "leak", "free": "free"}
+COPY_TRIES = 5
+
+
+class Timeline:
+    """The ring of timeline entries of one process (see the module docstring)."""
+
+    def __init__(self, capacity=CAPACITY, known_models=KNOWN_MODELS):
+        if not (isinstance(capacity, int) and capacity > 0):
+            raise ValueError(f"capacity must be a whole number > 0, not {capacity!r}")
+        self.started = round(time.time(), 3)
+        self.capacity = capacity
+        self.known_models = known_models
+        self._ring = collections.deque(maxlen=capacity)
+        self._loaded = collections.OrderedDict()   # model_id -> last loaded bytes, at most known_models of them
+        self._leak_stage = collections.OrderedDict()  # model_id -> the stage of its last leak entry (as bounded)
+        self._numbers = itertools.count(1)
+        self.seen = 0                              # entries ever recorded (seen - len(ring) were dropped)
+
+    def observe(self, event):
+        """Record one event of ``STATE.events`` when the timeline marks its kind; ignore the others."""
+        kind = MARKED.get(event.get("event"))
+        if kind is None:
+            return
+        model_id = event.get("model_id")
+        entry = {"seq": next(self._numbers), "time": event.get("time"), "kind": kind, "model_id": model_id,
+                 "model": event.get("model")}
+        if kind == "load":
+            entry["bytes"] = event.get("bytes")
+            entry["loaded_bytes"] = self._remember(model_id, int(event.get("loaded_bytes") or 0))
+            entry["owner"] = _short_owner(event.get("owner"))
+            entry["reload"] = bool(event.get("reload"))
+        elif kind == "unload":
+            freed = int(event.get("bytes") or 0)
+            before = self._loaded.get(model_id)
+            after = max(0, before - freed) if before is not None else 0
+            entry["bytes"] = freed
+            entry["loaded_bytes"] = self._remember(model_id, after)
+            entry["reason"] = event.get("reason")
+            entry["requested_by"] = _short_owner(event.get("requested_by"))
+        elif kind == "leak":
+            entry["stage"] = event.get("stage") or event.get("event")
+            if self._leak_stage.get(model_id) == entry["stage"]:
+                return
+            _bounded_put(self._leak_stage, model_id, entry["stage"], self.known_models)
+            entry["holder_package"] = event.get("holder_package")
+            entry["loaded_bytes"] = self._loaded.get(model_id)
+        else:
+            entry["status"] = event.get("status")
+        self._ring.append(entry)
+        self.seen += 1
+
+    def _remember(self, model_id, loaded):
+        if model_id is not None:
+            _bounded_put(self._loaded, model_id, loaded, self.known_models)
+        return loaded
+
+    def since(self, seq=0):
+        """The entries numbered above ``seq`` (oldest first), at most :attr:`capacity` of them."""
+        for _ in range(COPY_TRIES):
+            try:
+                entries = list(self._ring)
+                break
+            except RuntimeError:   # appended to while copied (another thread, or a GC callback on this one)
+                continue
+        else:
+            entries = []
+        return [entry for entry in entries if entry["seq"] > seq]
+
+    def view(self, seq=0):
+        """The answer of ``GET /memx/timeline?since=seq``: when it started, now, the ring's size and drops, the
+        entries after ``seq`` and ``next`` (the ``since`` of the following call)."""
+        entries = self.since(seq)
+        return {"started": self.started, "now": round(time.time(), 3), "capacity": self.capacity,
+                "dropped": max(0, self.seen - self.capacity), "next": entries[-1]["seq"] if entries else seq,
+                "entries": entries}
+
+
+def _bounded_put(table, key, value, limit):
+    """``table[key] = value`` as the newest key of an OrderedDict that keeps at most ``limit`` keys."""
+    table[key] = value
+    table.move_to_end(key)
+    if len(table) > limit:
+        table.popitem(last=False)
+
+
+def _short_owner(owner):
+    if not isinstance(owner, dict):
+        return None
+    return {key: owner.get(key) for key in ("package", "class_type", "node_id", "via") if owner.get(key) is not None}
+
+
+class TimelinePart:
+    """The process's timeline and the event log it is subscribed to (a part of ``STATE``)."""
+
+    def __init__(self):
+        self.timeline = None
+        self.events = None
+
+    def close(self):
+        """Unsubscribe and forget the timeline (reset of the process state)."""
+        if self.events is not None and self.timeline is not None:
+            self.events.unsubscribe(self.timeline.observe)
+        self.timeline = self.events = None
+
+
+def install():
+    """Create the process's :class:`Timeline` and subscribe it to ``STATE.events`` (once); returns it."""
+    part = STATE.part(TimelinePart)
+    if part.timeline is None:
+        part.timeline = Timeline()
+    if part.events is not STATE.events:
+        if part.events is not None:
+            part.events.unsubscribe(part.timeline.observe)
+        part.events = STATE.events
+        part.events.subscribe(part.timeline.observe)
+    return part.timeline
+
+
+def installed():
+    """The installed :class:`Timeline` or None."""
+    part = STATE.existing_part(TimelinePart)
+    return part.timeline if part is not None else None

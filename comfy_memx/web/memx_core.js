@@ -1,0 +1,466 @@
+// comfy_memx memory panel: what the ComfyUI sidebar tab (memx_panel.js) and the standalone page /memx/ show.
+// No ComfyUI import here, nothing loaded from the internet: plain DOM and SVG, data from comfy_memx's routes
+// (/memx/models, /memx/status, /memx/timeline, POST /memx/free) and ComfyUI's /system_stats.  Polls every
+// POLL_MS only while the panel is in the page and the page is visible.  Every text from the server goes through
+// textContent, never through innerHTML.
+
+export const POLL_MS = 2000;
+const TOKEN_KEY = "comfy_memx.token";
+const TOKEN_HEADER = "X-Memx-Token";
+const MAX_ENTRIES = 4096;
+const SVG = "http://www.w3.org/2000/svg";
+const LINE_COLOURS = ["#4e9af1", "#e8a33d", "#59b368", "#b57be0", "#e0607e", "#3fb8b0", "#c9b43a", "#8d8d8d"];
+
+const STYLE = `
+.memx-panel { color: var(--fg-color, #ddd); background: var(--comfy-menu-bg, #202020); font: 13px/1.4 sans-serif;
+  padding: 8px 10px; box-sizing: border-box; height: 100%; overflow-y: auto; }
+.memx-panel h3 { font-size: 13px; margin: 12px 0 4px; color: var(--descrip-text, #999); text-transform: uppercase;
+  letter-spacing: .04em; font-weight: 600; }
+.memx-panel .memx-head { display: flex; justify-content: space-between; gap: 8px; align-items: baseline; }
+.memx-panel .memx-title { font-weight: 600; font-size: 14px; }
+.memx-panel .memx-muted { color: var(--descrip-text, #999); font-size: 12px; }
+.memx-panel .memx-error { color: var(--error-text, #ff4444); font-weight: 600; }
+.memx-panel .memx-bar { display: grid; grid-template-columns: 8em 1fr auto; gap: 6px; align-items: center;
+  margin: 3px 0; }
+.memx-panel .memx-track { height: 8px; border-radius: 4px; background: var(--comfy-input-bg, #333);
+  border: 1px solid var(--border-color, #4e4e4e); overflow: hidden; }
+.memx-panel .memx-fill { height: 100%; background: var(--p-primary-color, #4e9af1); }
+.memx-panel .memx-card { border: 1px solid var(--border-color, #4e4e4e); border-radius: 6px; padding: 6px 8px;
+  margin: 6px 0; background: var(--comfy-input-bg, #2a2a2a); }
+.memx-panel .memx-card.memx-leaked { border-color: var(--error-text, #ff4444); }
+.memx-panel .memx-name { font-weight: 600; word-break: break-all; }
+.memx-panel .memx-badge { display: inline-block; font-size: 11px; padding: 0 6px; border-radius: 8px; margin-left: 6px;
+  border: 1px solid currentColor; }
+.memx-panel .memx-state-loaded { color: #3d9a50; }
+.memx-panel .memx-state-offloaded { color: var(--descrip-text, #999); }
+.memx-panel .memx-state-leaked { color: var(--error-text, #ff4444); }
+.memx-panel .memx-kv { display: grid; grid-template-columns: 7.5em 1fr; gap: 0 6px; font-size: 12px; }
+.memx-panel .memx-kv > :nth-child(odd) { color: var(--descrip-text, #999); }
+.memx-panel code, .memx-panel .memx-chain { font-family: ui-monospace, monospace; font-size: 11.5px;
+  word-break: break-all; }
+.memx-panel .memx-fix { border-left: 3px solid var(--p-primary-color, #4e9af1); padding-left: 6px; margin-top: 3px; }
+.memx-panel button, .memx-panel input { font: inherit; color: var(--input-text, #ddd);
+  background: var(--comfy-input-bg, #333); border: 1px solid var(--border-color, #4e4e4e); border-radius: 4px;
+  padding: 3px 10px; }
+.memx-panel button { cursor: pointer; }
+.memx-panel input { flex: 1 1 14em; min-width: 0; }
+.memx-panel button:disabled { opacity: .6; cursor: wait; }
+.memx-panel .memx-row { display: flex; gap: 6px; align-items: center; flex-wrap: wrap; margin: 4px 0; }
+.memx-panel svg.memx-timeline { width: 100%; height: 170px; display: block; background: var(--comfy-input-bg, #2a2a2a);
+  border: 1px solid var(--border-color, #4e4e4e); border-radius: 4px; }
+.memx-panel svg .memx-axis { stroke: var(--border-color, #4e4e4e); }
+.memx-panel svg text { fill: var(--descrip-text, #999); font-size: 10px; }
+.memx-panel .memx-legend { display: flex; flex-wrap: wrap; gap: 2px 10px; font-size: 11px; margin-top: 3px; }
+.memx-panel .memx-swatch { display: inline-block; width: 10px; height: 3px; margin-right: 4px; vertical-align: middle; }
+.memx-panel ul { margin: 2px 0; padding-left: 18px; }
+`;
+
+// -- small helpers --------------------------------------------------------------------------------------------
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key === "class") node.className = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, value === true ? "" : String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === undefined || child === null || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function svg(tag, attrs, ...children) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, String(value));
+  for (const child of children) {
+    if (child !== undefined && child !== null) node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+export function formatBytes(n) {
+  if (n === null || n === undefined || !isFinite(n)) return "?";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let value = Math.abs(n), unit = 0;
+  while (value >= 1024 && unit < units.length - 1) { value /= 1024; unit += 1; }
+  return `${n < 0 ? "-" : ""}${unit === 0 ? value : value.toFixed(value < 10 ? 2 : 1)} ${units[unit]}`;
+}
+
+function who(owner) {
+  if (!owner) return "?";
+  const node = owner.class_type ? `${owner.class_type}${owner.node_id ? ` (node ${owner.node_id})` : ""}` : null;
+  const pkg = owner.package || "?";
+  return [pkg, node].filter(Boolean).join(" · ") + (owner.via ? ` via ${owner.via}` : "");
+}
+
+function clock(seconds) {
+  return seconds ? new Date(seconds * 1000).toLocaleTimeString() : "?";
+}
+
+function holderOf(leak) {
+  if (!leak) return null;
+  return leak.holder || (leak.referrers && leak.referrers[0]) || null;
+}
+
+export function readToken() {
+  try { return window.localStorage.getItem(TOKEN_KEY) || ""; } catch (e) { return ""; }
+}
+
+function saveToken(value) {
+  try {
+    if (value) window.localStorage.setItem(TOKEN_KEY, value); else window.localStorage.removeItem(TOKEN_KEY);
+  } catch (e) { /* private mode: the token lasts for this page only */ }
+}
+
+async function errorText(response) {
+  try {
+    const body = await response.json();
+    if (body && body.message) return `${response.status}: ${body.message}`;
+  } catch (e) { /* not JSON */ }
+  return `${response.status} ${response.statusText}`;
+}
+
+// -- the panel --------------------------------------------------------------------------------------------------
+
+export function mountPanel(root, options = {}) {
+  const url = options.url || ((path) => path);
+  if (!document.getElementById("memx-panel-style")) {
+    document.head.append(el("style", { id: "memx-panel-style" }, STYLE));
+  }
+  const state = { models: [], status: null, stats: null, entries: [], started: null, next: 0, now: null,
+                  error: null, updated: null, receipt: null, freeing: false, freeError: null, timer: null,
+                  busy: false, token: readToken() };
+  const parts = {
+    head: el("div", { class: "memx-head" }),
+    error: el("div", { class: "memx-error", role: "alert", "data-memx": "error" }),
+    memory: el("div", { "data-memx": "memory" }),
+    models: el("div", { "data-memx": "models" }),
+    leaks: el("div", { "data-memx": "leaks" }),
+    timeline: el("div", { "data-memx": "timeline" }),
+    free: el("div", { "data-memx": "free" }),
+  };
+  const panel = el("div", { class: "memx-panel", "data-memx": "panel" },
+    parts.head, parts.error,
+    el("h3", {}, "Memory"), parts.memory,
+    el("h3", {}, "Models"), parts.models,
+    el("h3", {}, "Leaks"), parts.leaks,
+    el("h3", {}, "Timeline"), parts.timeline,
+    el("h3", {}, "Free"), parts.free);
+  root.replaceChildren(panel);
+
+  async function getJson(path) {
+    const response = await fetch(url(path), { cache: "no-store" });
+    if (!response.ok) throw new Error(`${path}: ${await errorText(response)}`);
+    return response.json();
+  }
+
+  async function refresh() {
+    if (state.busy) return;
+    state.busy = true;
+    try {
+      let [models, status, stats, timeline] = await Promise.all([
+        getJson("/memx/models"), getJson("/memx/status"),
+        getJson("/system_stats").catch(() => null), getJson(`/memx/timeline?since=${state.next}`)]);
+      if (state.started !== timeline.started) {     // first read, or the server restarted: read it all
+        if (state.next > 0) timeline = await getJson("/memx/timeline?since=0");
+        state.entries = [];
+        state.started = timeline.started;
+      }
+      state.entries.push(...timeline.entries);
+      if (state.entries.length > MAX_ENTRIES) state.entries.splice(0, state.entries.length - MAX_ENTRIES);
+      Object.assign(state, { models, status, stats, next: timeline.next, now: timeline.now,
+                             dropped: timeline.dropped, error: null, updated: Date.now() });
+    } catch (error) {
+      state.error = `comfy_memx is not answering (${error.message}); is comfy_memx active in this ComfyUI?`;
+    } finally {
+      state.busy = false;
+    }
+    draw();
+  }
+
+  function visible() {   // in the page, laid out (not a hidden tab) and the browser tab in front
+    return root.isConnected && root.getClientRects().length > 0 && document.visibilityState === "visible";
+  }
+
+  function schedule() {
+    clearTimeout(state.timer);
+    if (!root.isConnected) {                    // the tab was closed: stop for good
+      document.removeEventListener("visibilitychange", onVisible);
+      return;
+    }
+    state.timer = setTimeout(async () => {
+      if (visible()) await refresh();
+      schedule();
+    }, POLL_MS);
+  }
+
+  function draw() {
+    drawHead();
+    parts.error.textContent = state.error || "";
+    drawMemory();
+    drawModels();
+    drawLeaks();
+    drawTimeline();
+    drawFree();
+  }
+
+  function drawHead() {
+    const status = state.status;
+    parts.head.replaceChildren(
+      el("span", { class: "memx-title" }, "comfy_memx"),
+      el("span", { class: "memx-muted" },
+        status ? `v${status.version} · ${status.source || "?"} · leak mode ${status.leak_mode}` : "",
+        state.updated ? ` · ${new Date(state.updated).toLocaleTimeString()}` : ""));
+  }
+
+  function bar(label, used, total, testId) {
+    const share = total > 0 ? Math.min(1, Math.max(0, used / total)) : 0;
+    return el("div", { class: "memx-bar", "data-memx": testId },
+      el("span", {}, label),
+      el("div", { class: "memx-track" }, el("div", { class: "memx-fill", style: `width:${(share * 100).toFixed(1)}%` })),
+      el("span", { class: "memx-muted" }, total ? `${formatBytes(used)} / ${formatBytes(total)}` : formatBytes(used)));
+  }
+
+  function drawMemory() {
+    const rows = [];
+    const system = state.stats && state.stats.system;
+    if (system && system.ram_total) rows.push(bar("RAM", system.ram_total - system.ram_free, system.ram_total, "ram"));
+    for (const device of (state.stats && state.stats.devices) || []) {
+      if (!device.vram_total || device.type === "cpu") continue;
+      rows.push(bar(`VRAM ${device.type}:${device.index ?? 0}`, device.vram_total - device.vram_free,
+                    device.vram_total, "vram"));
+    }
+    if (state.stats && !rows.some((row) => row.dataset.memx === "vram")) {
+      rows.push(el("div", { class: "memx-muted", "data-memx": "vram" }, "VRAM: no GPU (ComfyUI runs on the CPU)"));
+    }
+    const pins = state.status && state.status.pins;
+    if (pins) {
+      const cap = pins.cap_bytes ?? pins.comfyui_cap_bytes;
+      const capped = cap !== null && cap !== undefined && cap >= 0;
+      rows.push(bar("Pinned", pins.pinned_bytes, capped ? cap : 0, "pinned"));
+      if (!capped) rows.push(el("div", { class: "memx-muted" }, cap < 0 ? "pinned memory is off in ComfyUI" : "no pinned-memory cap"));
+    }
+    parts.memory.replaceChildren(...rows);
+  }
+
+  function drawModels() {
+    if (!state.models.length) {
+      parts.models.replaceChildren(el("div", { class: "memx-muted" }, "no model loaded yet"));
+      return;
+    }
+    parts.models.replaceChildren(...state.models.map((row) => {
+      const holder = holderOf(row.leak);
+      const devices = Object.entries(row.bytes_by_device || {}).map(([d, n]) => `${formatBytes(n)} on ${d}`);
+      const last = row.last_unload;
+      const facts = [
+        ["size", `${formatBytes(row.bytes)}${devices.length ? ` (${devices.join(", ")})` : ""}`],
+        ["loaded by", who(row.owner)],
+        ["held by", row.leak ? (row.leak.holder_package || (holder && holder.package) || "searching…")
+                             : (row.in_comfyui_loaded_list ? "ComfyUI (loaded list)" : "ComfyUI")],
+      ];
+      if (row.pinned_bytes) facts.push(["pinned", formatBytes(row.pinned_bytes)]);
+      if (last) facts.push(["last unload", `${last.reason || "?"} by ${who(last.requested_by)} at ${clock(last.time)}`]);
+      facts.push(["loads", `${row.loads}, reloads ${row.reloads || 0}` +
+        (row.reloads ? ` (${(row.reload_seconds || 0).toFixed(2)} s, ${formatBytes(row.reload_bytes)})` : "")]);
+      return el("div", { class: `memx-card${row.state === "leaked" ? " memx-leaked" : ""}`, "data-memx": "model",
+                         "data-model-id": row.model_id },
+        el("div", {}, el("span", { class: "memx-name" }, row.model_id),
+           el("span", { class: `memx-badge memx-state-${row.state}` }, row.state)),
+        el("div", { class: "memx-kv" }, ...facts.flatMap(([k, v]) => [el("span", {}, k), el("span", {}, v)])));
+    }));
+  }
+
+  function chainList(leak) {
+    const chains = (leak.referrers && leak.referrers.length ? leak.referrers : [holderOf(leak)]).filter(Boolean);
+    return chains.map((chain) => el("div", { "data-memx": "chain" },
+      el("div", { class: "memx-chain" }, chain.path),
+      el("div", { class: "memx-muted" }, `package ${chain.holder_package || chain.package || "?"} · pattern `,
+         el("code", {}, chain.pattern || "?")),
+      chain.suggestion ? el("div", { class: "memx-fix", "data-memx": "fix" }, `Fix: ${chain.suggestion}`) : null));
+  }
+
+  function drawLeaks() {
+    const leaked = state.models.filter((row) => row.leak);
+    if (!leaked.length) {
+      parts.leaks.replaceChildren(el("div", { class: "memx-muted" }, "no leaked model"));
+      return;
+    }
+    parts.leaks.replaceChildren(...leaked.map((row) => {
+      const search = row.leak.search || {};
+      const chains = chainList(row.leak);
+      return el("div", { class: "memx-card memx-leaked", "data-memx": "leak", "data-model-id": row.model_id },
+        el("div", { class: "memx-name" }, row.model_id),
+        el("div", { class: "memx-muted" },
+           `${row.leak.stage || "leaked"} · held by ${row.leak.holder_package || "?"} · loaded by ${who(row.owner)}`),
+        chains.length ? chains : el("div", { class: "memx-muted" },
+          `holder not found yet (search: ${search.result || search.note || "pending"})`));
+    }));
+  }
+
+  function modelLines(entries, rows, start, end) {
+    const lines = new Map();
+    const live = new Map(rows.map((row) => [row.model_id, row]));
+    for (const entry of entries) {
+      if (!entry.model_id || entry.loaded_bytes === null || entry.loaded_bytes === undefined) continue;
+      if (!lines.has(entry.model_id)) {
+        const before = entry.kind === "load" ? Math.max(0, entry.loaded_bytes - (entry.bytes || 0))
+                     : entry.kind === "unload" ? entry.loaded_bytes + (entry.bytes || 0) : entry.loaded_bytes;
+        lines.set(entry.model_id, { name: entry.model_id, points: [[Math.max(start, entry.time), before]] });
+      }
+      const line = lines.get(entry.model_id);
+      line.points.push([entry.time, line.points[line.points.length - 1][1]], [entry.time, entry.loaded_bytes]);
+    }
+    for (const [modelId, line] of lines) {
+      const row = live.get(modelId);
+      const last = line.points[line.points.length - 1];
+      if (row) line.points.push([end, last[1]], [end, row.loaded_bytes]);
+    }
+    return lines;
+  }
+
+  function markOf(kind, cx, cy, colour, top, bottom) {
+    if (kind === "load") {
+      return svg("path", { d: `M${cx - 4},${cy + 3} L${cx + 4},${cy + 3} L${cx},${cy - 4} Z`, fill: colour });
+    }
+    if (kind === "unload") {
+      return svg("path", { d: `M${cx - 4},${cy - 3} L${cx + 4},${cy - 3} L${cx},${cy + 4} Z`, fill: "none",
+                           stroke: colour });
+    }
+    if (kind === "leak") {
+      return svg("path", { d: `M${cx - 4},${cy - 4} L${cx + 4},${cy + 4} M${cx - 4},${cy + 4} L${cx + 4},${cy - 4}`,
+                           stroke: "var(--error-text, #ff4444)", "stroke-width": 2 });
+    }
+    return svg("line", { x1: cx, y1: top, x2: cx, y2: bottom, stroke: "var(--descrip-text, #999)",
+                         "stroke-dasharray": "3 3" });
+  }
+
+  function drawTimeline() {
+    const start = state.started, end = state.now;
+    if (!start || !end) { parts.timeline.replaceChildren(); return; }
+    const width = Math.max(240, Math.round(parts.timeline.clientWidth || 600)), height = 170;
+    const left = 44, right = 8, top = 8, bottom = 18;
+    const lines = modelLines(state.entries, state.models, start, end);
+    let peak = 1;
+    for (const line of lines.values()) for (const [, y] of line.points) peak = Math.max(peak, y);
+    const span = Math.max(1, end - start);
+    const x = (t) => left + ((t - start) / span) * (width - left - right);
+    const y = (v) => top + (1 - v / peak) * (height - top - bottom);
+    const chart = svg("svg", { class: "memx-timeline", viewBox: `0 0 ${width} ${height}`,
+                               role: "img", "aria-label": "loaded bytes per model since the server started" });
+    chart.append(svg("line", { class: "memx-axis", x1: left, y1: y(0), x2: width - right, y2: y(0) }),
+                 svg("line", { class: "memx-axis", x1: left, y1: top, x2: left, y2: y(0) }),
+                 svg("text", { x: 2, y: top + 8 }, formatBytes(peak)), svg("text", { x: 2, y: y(0) }, "0"),
+                 svg("text", { x: left, y: height - 4 }, clock(start)),
+                 svg("text", { x: width - right, y: height - 4, "text-anchor": "end" }, clock(end)));
+    const colours = new Map();
+    let index = 0;
+    for (const [modelId, line] of lines) {
+      const colour = LINE_COLOURS[index++ % LINE_COLOURS.length];
+      colours.set(modelId, colour);
+      chart.append(svg("polyline", { class: "memx-line", fill: "none", stroke: colour, "stroke-width": 1.6,
+                                     points: line.points.map(([t, v]) => `${x(t).toFixed(1)},${y(v).toFixed(1)}`).join(" "),
+                                     "data-model-id": modelId }, svg("title", {}, line.name)));
+    }
+    for (const entry of state.entries) {
+      const colour = colours.get(entry.model_id) || "currentColor";
+      const cx = x(entry.time), cy = y(entry.loaded_bytes || 0);
+      const label = `${clock(entry.time)} ${entry.kind} ${entry.model_id || ""}` +
+        (entry.reason ? ` (${entry.reason}${entry.requested_by ? ` by ${who(entry.requested_by)}` : ""})` : "") +
+        (entry.holder_package ? ` held by ${entry.holder_package}` : "");
+      const mark = markOf(entry.kind, cx, cy, colour, top, y(0));
+      mark.setAttribute("class", `memx-mark memx-mark-${entry.kind}`);
+      mark.append(svg("title", {}, label));
+      chart.append(mark);
+    }
+    const legend = el("div", { class: "memx-legend" }, ...[...lines].map(([modelId, line]) =>
+      el("span", {}, el("span", { class: "memx-swatch", style: `background:${colours.get(modelId)}` }), line.name)));
+    const counts = ["load", "unload", "leak", "free"].map((kind) =>
+      `${state.entries.filter((e) => e.kind === kind).length} ${kind}`).join(" · ");
+    parts.timeline.replaceChildren(chart, legend,
+      el("div", { class: "memx-muted" }, `▲ load ▽ unload ✕ leak ┆ free — ${counts}` +
+        (state.dropped ? ` (${state.dropped} older entries dropped)` : "")));
+  }
+
+  async function free() {
+    state.freeing = true; state.freeError = null; drawFree();
+    try {
+      const headers = { "Content-Type": "application/json" };
+      if (state.token) headers[TOKEN_HEADER] = state.token;
+      const response = await fetch(url("/memx/free"), { method: "POST", headers,
+        body: JSON.stringify({ unload_models: true, free_memory: true }) });
+      if (response.status === 403) {
+        state.freeError = `Refused (${await errorText(response)}). From another machine, enter the server's ` +
+          "COMFY_MEMX_TOKEN below.";
+      } else if (!response.ok && response.status !== 202) {
+        state.freeError = `Free failed: ${await errorText(response)}`;
+      } else {
+        state.receipt = await response.json();
+      }
+    } catch (error) {
+      state.freeError = `Free failed: ${error.message}`;
+    } finally {
+      state.freeing = false;
+    }
+    drawFree();
+    refresh();
+  }
+
+  function drawReceipt(receipt) {
+    const memory = receipt.memory || {};
+    const trim = memory.trim || {};
+    const survivors = receipt.survivors || [];
+    const notSearched = survivors.map((s) => s.search && s.search.note).find((note) => note && note.startsWith("not searched: holder"));
+    return el("div", { class: "memx-card", "data-memx": "receipt" },
+      el("div", { class: "memx-name" }, `Receipt: ${receipt.status}` + (receipt.waited_s !== undefined ? ` after ${receipt.waited_s} s` : "")),
+      receipt.note ? el("div", { class: "memx-muted" }, receipt.note) : null,
+      el("div", {}, `Freed ${formatBytes(receipt.freed_bytes)} from ${(receipt.freed || []).length} model(s); ` +
+        `released ${formatBytes(receipt.released_bytes)}`),
+      (receipt.freed || []).length ? el("ul", { "data-memx": "freed" }, ...receipt.freed.map((row) =>
+        el("li", {}, `${row.model_id}: ${formatBytes(row.unloaded_bytes)} from ${row.device}${row.released ? ", released" : ""}`))) : null,
+      el("div", {}, `Survivors: ${survivors.length} (${formatBytes(receipt.survivor_bytes)})`),
+      survivors.length ? el("ul", { "data-memx": "survivors" }, ...survivors.map((row) => {
+        const holders = row.holders || (row.leak && row.leak.referrers) || [];
+        const first = holders[0] || holderOf(row.leak);
+        return el("li", { "data-memx": "survivor" },
+          `${row.model_id} (${row.reason}, ${formatBytes(row.bytes)}) held by ` +
+          `${(first && (first.holder_package || first.package)) || (row.leak && row.leak.holder_package) || "?"}`,
+          first ? el("div", { class: "memx-chain" }, first.path) : null,
+          first && first.suggestion ? el("div", { class: "memx-fix" }, `Fix: ${first.suggestion}`) : null,
+          row.search && row.search.note ? el("div", { class: "memx-muted" }, row.search.note) : null);
+      })) : null,
+      notSearched ? el("div", { class: "memx-error" }, "Holder searches need loopback or the server's token: enter COMFY_MEMX_TOKEN below.") : null,
+      el("div", { class: "memx-muted", "data-memx": "retention" },
+        `Process memory: ${formatBytes(memory.rss_before)} before, ${formatBytes(memory.rss_after)} after` +
+        (trim.returned_bytes !== undefined && trim.returned_bytes !== null ? `; malloc_trim returned ${formatBytes(trim.returned_bytes)}` : "") +
+        (trim.skipped ? `; trim skipped (${trim.skipped})` : "") +
+        (memory.held_bytes !== undefined ? `; still held by models ${formatBytes(memory.held_bytes)}` : "")));
+  }
+
+  const freeButton = el("button", { type: "button", onclick: free, "data-memx": "free-button" }, "Free memory");
+  const tokenInput = el("input", { type: "password", placeholder: "COMFY_MEMX_TOKEN (remote only)", value: state.token,
+                                   "aria-label": "comfy_memx token", autocomplete: "off" });
+  tokenInput.addEventListener("change", () => { state.token = tokenInput.value.trim(); saveToken(state.token); });
+  const freeResult = el("div", {});
+  parts.free.replaceChildren(
+    el("div", { class: "memx-row" }, freeButton,
+       el("span", { class: "memx-muted" }, "unloads every model and empties ComfyUI's caches")),
+    el("div", { class: "memx-row" }, tokenInput, el("span", { class: "memx-muted" }, "kept in this browser only")),
+    freeResult);
+
+  function drawFree() {
+    freeButton.disabled = state.freeing;
+    freeButton.textContent = state.freeing ? "Freeing…" : "Free memory";
+    freeResult.replaceChildren(...[
+      state.freeError ? el("div", { class: "memx-error", role: "alert", "data-memx": "free-error" }, state.freeError) : null,
+      state.receipt ? drawReceipt(state.receipt) : null].filter(Boolean));
+  }
+
+  const onVisible = () => { if (visible()) refresh(); };
+  document.addEventListener("visibilitychange", onVisible);
+  draw();
+  refresh().then(schedule);
+  return { refresh, stop: () => { clearTimeout(state.timer); document.removeEventListener("visibilitychange", onVisible); } };
+}

@@ -1,0 +1,152 @@
+"""Every install kind gives the same complete package, built from sources that have no symlink support.
+
+The sources are the committed tree (HEAD) as a ``git -c core.symlinks=false clone`` (Git's default on Windows) and
+as a ``git archive`` extract (what a zip download holds).  From each: the wheel holds every module of the source tree
+and ``comfy_memx.pth``; ``pip install .`` (into a target folder), the wheel, ``pip install -e .`` (into a prefix,
+its .pth files processed) and the bare checkout on ``sys.path`` all import ``comfy_memx.patches.*`` from the right
+folder, find every patch module, and never import a top-level ``patches``.  Builds run under pip's build isolation
+(pyproject's ``[build-system]`` setuptools, as users get it).  Each import runs in ``python -S`` so that the
+environment running the tests (which has its own comfy_memx) is not seen.
+"""
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PROBE = """
+import json, os, site, sys
+for folder in sys.argv[1:]:
+    site.addsitedir(folder)
+import comfy_memx.patches.model_management, comfy_memx.patches.server
+from comfy_memx.core import discovery
+mappings = [getattr(sys.modules.get(getattr(f, "__module__", "")), "MAPPING", None) for f in sys.meta_path]
+editable = [m.get("comfy_memx.patches") for m in mappings if isinstance(m, dict)]
+print(json.dumps({"package": os.path.dirname(comfy_memx.__file__), "editable_mapping": editable,
+                  "patches": os.path.dirname(comfy_memx.patches.server.__file__),
+                  "names": sorted(discovery.patch_names()), "top_level_patches": "patches" in sys.modules}))
+"""
+
+
+def _git(*args, **kwargs):
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, timeout=120, **kwargs)
+
+
+def _committed_tree_available():
+    if shutil.which("git") is None:
+        return False
+    return _git("rev-parse", "--verify", "HEAD").returncode == 0
+
+
+pytestmark = pytest.mark.skipif(not _committed_tree_available(), reason="needs git and a checkout with commits")
+
+
+@pytest.fixture(scope="module", params=["symlinks-false-clone", "git-archive"])
+def source(request, tmp_path_factory):
+    """The committed tree as a clone without symlink support, or as an archive extract."""
+    target = tmp_path_factory.mktemp(request.param) / "comfy_memx-main"
+    if request.param == "symlinks-false-clone":
+        out = subprocess.run(["git", "-c", "core.symlinks=false", "clone", "-q", str(ROOT), str(target)],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+    else:
+        archive = _git("archive", "--format=tar", "HEAD")
+        assert archive.returncode == 0, archive.stderr
+        target.mkdir()
+        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+            tar.extractall(target)
+    return target
+
+
+def patch_module_names(source):
+    return sorted(p.stem for p in (source / "patches").glob("[!_]*.py"))
+
+
+def source_modules(source):
+    """``comfy_memx/...py`` names a complete package has: comfy_memx/ itself and patches/ as comfy_memx/patches/."""
+    names = set()
+    for folder, prefix in ((source / "comfy_memx", "comfy_memx/"), (source / "patches", "comfy_memx/patches/")):
+        names.update(prefix + p.relative_to(folder).as_posix() for p in folder.rglob("*.py")
+                     if "__pycache__" not in p.parts)
+    return names
+
+
+def pip(*args, cwd):
+    out = subprocess.run([sys.executable, "-m", "pip", "-q", *args], capture_output=True, text=True, timeout=300,
+                         cwd=str(cwd))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+
+
+def probe(*site_dirs, pythonpath=None, cwd):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMFY_MEMX", "PYTHONPATH"))}
+    if pythonpath:
+        env["PYTHONPATH"] = str(pythonpath)
+    out = subprocess.run([sys.executable, "-S", "-c", PROBE, *map(str, site_dirs)], capture_output=True, text=True,
+                         timeout=120, env=env, cwd=str(cwd))
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+def test_the_source_has_no_symlink_and_no_comfy_memx_patches_entry(source):
+    assert [p for p in source.rglob("*") if p.is_symlink()] == []
+    assert not (source / "comfy_memx" / "patches").exists()
+
+
+@pytest.fixture(scope="module")
+def wheel(source):
+    """The wheel built from ``source`` (once per source)."""
+    dist = source.parent / "dist"
+    pip("wheel", "--no-deps", "-w", str(dist), str(source), cwd=source.parent)
+    [built] = dist.glob("comfy_memx-*.whl")
+    return built
+
+
+def test_the_wheel_built_from_it_holds_the_whole_package_and_the_startup_line(source, wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {n for n in names if n.endswith(".py")} == source_modules(source)
+    assert "comfy_memx.pth" in names
+
+
+def test_the_wheel_installed_imports_the_patches_from_the_installed_package(source, wheel, tmp_path):
+    pip("install", "--no-deps", "--target", str(tmp_path / "site"), str(wheel), cwd=tmp_path)
+    result = probe(tmp_path / "site", cwd=tmp_path)
+    assert result["patches"] == str(tmp_path / "site" / "comfy_memx" / "patches")
+    assert result["names"] == patch_module_names(source) and not result["top_level_patches"]
+    assert (tmp_path / "site" / "comfy_memx.pth").is_file()
+
+
+def test_pip_install_dot_imports_the_patches_from_the_installed_package(source, tmp_path):
+    pip("install", "--no-deps", "--target", str(tmp_path / "site"), str(source),
+        cwd=tmp_path)
+    result = probe(tmp_path / "site", cwd=tmp_path)
+    assert result["package"] == str(tmp_path / "site" / "comfy_memx")
+    assert result["patches"] == str(tmp_path / "site" / "comfy_memx" / "patches")
+    assert result["names"] == patch_module_names(source) and not result["top_level_patches"]
+
+
+def test_the_editable_install_imports_the_patches_from_the_sources_patches_folder(source, tmp_path):
+    work = tmp_path / "src"
+    shutil.copytree(source, work)   # an editable install writes build files next to the sources
+    prefix = tmp_path / "prefix"
+    pip("install", "--no-deps", "--prefix", str(prefix), "-e", str(work), cwd=tmp_path)
+    purelib = Path(sysconfig.get_path("purelib", vars={"base": str(prefix), "platbase": str(prefix)}))
+    assert (purelib / "comfy_memx.pth").is_file()
+    result = probe(purelib, cwd=tmp_path)
+    assert result["editable_mapping"] == [str(work / "patches")]   # setuptools' finder maps it, not only _layout
+    assert result["package"] == str(work / "comfy_memx") and result["patches"] == str(work / "patches")
+    assert result["names"] == patch_module_names(source) and not result["top_level_patches"]
+
+
+def test_the_bare_checkout_on_sys_path_imports_the_patches_from_its_patches_folder(source, tmp_path):
+    result = probe(pythonpath=source, cwd=tmp_path)
+    assert result["package"] == str(source / "comfy_memx") and result["patches"] == str(source / "patches")
+    assert result["names"] == patch_module_names(source) and not result["top_level_patches"]

@@ -1,0 +1,85 @@
+"""The memory panel's timeline recorder (``comfy_memx.surface.timeline``): bounded, a constant amount of work and
+memory per event however many events or models came before, loaded bytes per model placed by loads and unloads,
+a leak marked once per model and stage, and subscribed to the event stream once."""
+
+import pytest
+
+from comfy_memx.core.events import EventLog
+from comfy_memx.core.state import STATE
+from comfy_memx.surface import timeline
+
+
+def load(model_id, loaded, moved=None):
+    return {"event": "load", "time": 1.0, "model": "Net", "model_id": model_id, "bytes": loaded if moved is None
+            else moved, "loaded_bytes": loaded, "owner": {"package": "pack_a", "class_type": "Loader",
+                                                           "node_id": "1", "prompt_id": "p", "via": None}}
+
+
+def unload(model_id, freed, reason="oom"):
+    return {"event": "unload", "time": 2.0, "model": "Net", "model_id": model_id, "bytes": freed, "reason": reason,
+            "requested_by": {"package": "pack_b", "class_type": "Sampler", "node_id": "2"}}
+
+
+def test_the_ring_keeps_the_newest_entries_and_counts_the_dropped():
+    ring = timeline.Timeline(capacity=8)
+    for index in range(100):
+        ring.observe(load(f"Net#{index}", index))
+    view = ring.view()
+    assert [entry["seq"] for entry in view["entries"]] == list(range(93, 101))
+    assert view["dropped"] == 92 and view["capacity"] == 8 and view["next"] == 100
+    assert ring.view(98)["entries"] == ring.since(98) and [e["seq"] for e in ring.since(98)] == [99, 100]
+    assert ring.view(100)["entries"] == [] and ring.view(100)["next"] == 100
+
+
+def test_memory_stays_bounded_with_many_models_and_events():
+    ring = timeline.Timeline(capacity=64, known_models=16)
+    for index in range(5000):
+        ring.observe(load(f"Net#{index}", 10))
+        ring.observe({"event": "leak_seen", "time": 3.0, "model": "Net", "model_id": f"Net#{index}"})
+    assert len(ring._ring) == 64 and len(ring._loaded) == 16 and len(ring._leak_stage) == 16
+
+
+def test_an_unload_places_the_line_from_the_last_known_loaded_bytes():
+    ring = timeline.Timeline()
+    ring.observe(load("Net#1", 1000))
+    ring.observe(unload("Net#1", 300))
+    ring.observe(unload("Net#1", 900))
+    ring.observe(unload("Net#2", 50))             # never seen loaded: placed at zero
+    entries = ring.since()
+    assert [e["loaded_bytes"] for e in entries] == [1000, 700, 0, 0]
+    assert entries[0]["owner"] == {"package": "pack_a", "class_type": "Loader", "node_id": "1"}
+    assert entries[1]["reason"] == "oom" and entries[1]["requested_by"]["package"] == "pack_b"
+
+
+def test_a_leak_is_marked_once_per_model_and_stage_and_other_events_are_ignored():
+    ring = timeline.Timeline()
+    ring.observe(load("Net#1", 500))
+    for _ in range(5):
+        ring.observe({"event": "leak_seen", "time": 3.0, "model": "Net", "model_id": "Net#1"})
+    ring.observe({"event": "leak", "time": 4.0, "model": "Net", "model_id": "Net#1", "stage": "rooted",
+                  "holder_package": "pack_c"})
+    ring.observe({"event": "thrash", "time": 5.0, "model_id": "Net#1"})
+    ring.observe({"event": "free", "time": 6.0, "status": "done"})
+    kinds = [(e["kind"], e.get("stage")) for e in ring.since()]
+    assert kinds == [("load", None), ("leak", "leak_seen"), ("leak", "rooted"), ("free", None)]
+    assert ring.since()[2]["holder_package"] == "pack_c" and ring.since()[2]["loaded_bytes"] == 500
+
+
+def test_bad_capacity_is_refused_by_name():
+    with pytest.raises(ValueError, match="capacity"):
+        timeline.Timeline(capacity=0)
+
+
+def test_install_subscribes_once_and_a_reset_unsubscribes():
+    STATE.reset()
+    STATE.events = EventLog()
+    try:
+        first = timeline.install()
+        assert timeline.install() is first and STATE.events._subscribers.count(first.observe) == 1
+        STATE.events.emit("load", **{k: v for k, v in load("Net#1", 10).items() if k != "event"})
+        assert [e["model_id"] for e in timeline.installed().since()] == ["Net#1"]
+        events = STATE.events
+        STATE.reset()
+        assert first.observe not in events._subscribers and timeline.installed() is None
+    finally:
+        STATE.reset()
