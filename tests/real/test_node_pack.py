@@ -7,7 +7,8 @@ one kind per tree.  ComfyUI is started with its plain ``python main.py --cpu`` i
 (``GET /memx/status``), its startup line must say it was a late activation, and a prompt's model load must be in
 ``GET /memx/models`` with its node's package.  On the archive case comfy_memx sits in a second custom-nodes folder
 (``--extra-model-paths-config``) so that ComfyUI loads ``memx_early_binder`` first, deterministically: the line must
-name it as holding the unwrapped ``load_models_gpu``.  Then, in an environment where comfy_memx is installed
+name it as holding the unwrapped ``load_models_gpu`` (and, on every tree, ComfyUI's own ``comfy.clip_vision`` as
+holding ``comfy.utils.load_torch_file``).  Then, in an environment where comfy_memx is installed
 (``COMFY_MEMX_REAL_PYTHON``), the pack combined with the launcher, with ``COMFY_MEMX=1`` and with both, on the newest
 tree: one activation each, by the earlier entry point.
 
@@ -15,6 +16,7 @@ The committed tree (HEAD) is what gets cloned or archived; one server per case, 
 """
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -133,6 +135,9 @@ def test_the_pack_activates_comfy_memx_late_in_plain_comfyui(tmp_path, tree, kin
     [line] = startup_lines(log)
     assert line.startswith(f"{STARTUP}node pack, leak mode report): patched load_models_gpu")
     assert "; late activation (comfy.model_management" in line and "imported before comfy_memx)" in line
+    # ComfyUI's own comfy.clip_vision does `from comfy.utils import load_torch_file` (0.3.64 to 0.33.0)
+    assert "; unreachable (imported by name before comfy_memx, those calls bypass it): " in line
+    assert re.search(r"comfy\.utils\.load_torch_file held by [^;]*comfy\.clip_vision", line), line
     if kind == "archive":
         assert "load_models_gpu held by custom node memx_early_binder" in line, line
     [said] = [l for l in log.splitlines() if f"comfy_memx node pack (custom_nodes/{folder})" in l]

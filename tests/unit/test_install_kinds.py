@@ -86,6 +86,13 @@ def pip(*args, cwd):
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
 
 
+def running_environments_comfy_memx():
+    """Where the environment running the tests has comfy_memx installed (None: not installed)."""
+    out = subprocess.run([sys.executable, "-m", "pip", "show", "-f", "comfy_memx"], capture_output=True, text=True,
+                         timeout=120)
+    return out.stdout if out.returncode == 0 else None
+
+
 def probe(*site_dirs, pythonpath=None, cwd):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COMFY_MEMX", "PYTHONPATH"))}
     if pythonpath:
@@ -117,7 +124,7 @@ def test_the_wheel_built_from_it_holds_the_whole_package_and_the_startup_line(so
 
 
 def test_the_wheel_installed_imports_the_patches_from_the_installed_package(source, wheel, tmp_path):
-    pip("install", "--no-deps", "--target", str(tmp_path / "site"), str(wheel), cwd=tmp_path)
+    pip("install", "--no-deps", "--ignore-installed", "--target", str(tmp_path / "site"), str(wheel), cwd=tmp_path)
     result = probe(tmp_path / "site", cwd=tmp_path)
     assert result["patches"] == str(tmp_path / "site" / "comfy_memx" / "patches")
     assert result["names"] == patch_module_names(source) and not result["top_level_patches"]
@@ -125,7 +132,7 @@ def test_the_wheel_installed_imports_the_patches_from_the_installed_package(sour
 
 
 def test_pip_install_dot_imports_the_patches_from_the_installed_package(source, tmp_path):
-    pip("install", "--no-deps", "--target", str(tmp_path / "site"), str(source),
+    pip("install", "--no-deps", "--ignore-installed", "--target", str(tmp_path / "site"), str(source),
         cwd=tmp_path)
     result = probe(tmp_path / "site", cwd=tmp_path)
     assert result["package"] == str(tmp_path / "site" / "comfy_memx")
@@ -137,9 +144,12 @@ def test_the_editable_install_imports_the_patches_from_the_sources_patches_folde
     work = tmp_path / "src"
     shutil.copytree(source, work)   # an editable install writes build files next to the sources
     prefix = tmp_path / "prefix"
-    pip("install", "--no-deps", "--prefix", str(prefix), "-e", str(work), cwd=tmp_path)
+    before = running_environments_comfy_memx()
+    # --ignore-installed: without it pip uninstalls the comfy_memx of the environment running the tests
+    pip("install", "--no-deps", "--ignore-installed", "--prefix", str(prefix), "-e", str(work), cwd=tmp_path)
     purelib = Path(sysconfig.get_path("purelib", vars={"base": str(prefix), "platbase": str(prefix)}))
     assert (purelib / "comfy_memx.pth").is_file()
+    assert running_environments_comfy_memx() == before   # the environment running the tests kept its own
     result = probe(purelib, cwd=tmp_path)
     assert result["editable_mapping"] == [str(work / "patches")]   # setuptools' finder maps it, not only _layout
     assert result["package"] == str(work / "comfy_memx") and result["patches"] == str(work / "patches")
