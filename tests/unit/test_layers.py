@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CORE = ("core", "_version")                                    # _version: a leaf holding the version string
 WINGS = ("ledger", "pins", "leaks", "sharing", "surface", "fleet")
 TOP = ("patches", "cli")
-ENTRY = ("", "_startup", "auto", "__main__")                   # "": the package's own __init__
+ENTRY = ("", "_startup", "auto", "__main__", "_layout", "nodepack")                 # "": the package's own __init__
 RANK = {**{name: 0 for name in CORE}, **{name: 1 for name in WINGS}, **{name: 2 for name in TOP},
         **{name: 3 for name in ENTRY}}
 # the unit of a module: its wing or top package; core (with _version) is one unit, and so are the entry modules
