@@ -27,6 +27,8 @@ import struct
 import tempfile
 import time
 
+from comfy_memx.cli import demo_world
+
 MIB = 1024 ** 2
 GIB = 1024 ** 3
 TENSORS = 1250
@@ -35,8 +37,9 @@ QUICK_BYTES = 256 * MIB
 TINY_BYTES = 2 * MIB
 READ_CHUNK = 64 * MIB
 HERE = os.path.dirname(os.path.abspath(__file__))
-# The ComfyUI-shaped stand-ins of the tests (bench/ runs from a checkout, next to tests/).
-STAND_INS = os.path.join(os.path.dirname(HERE), "tests", "fake_comfy")
+# The ComfyUI 0.27.0 stand-in that ships in comfy_memx (the demo's world; its source is the one the tests'
+# stand-ins run too), imported by the in-process cases with this folder first on sys.path, as a ComfyUI root.
+STAND_IN_0270 = os.path.dirname(os.path.abspath(demo_world.__file__))
 RESULTS_DIR = os.path.join(HERE, "results")
 
 

@@ -41,14 +41,14 @@ def run(quick=False, tiny=False, workspace=None):
     from comfy_memx.core.state import STATE
     from comfy_memx.core import wrapping
     from comfy_memx.core.bootstrap import bootstrap
-    from bench.common import STAND_INS
+    from bench.common import STAND_IN_0270
     with common.workspace_for(workspace) as ws:
         big_path, _ = ws.checkpoint(common.checkpoint_bytes(quick, tiny))
         small_path, _ = ws.checkpoint(common.TINY_BYTES)
         events_path = ws.file("loader_overhead_events.jsonl")
         STATE.reset()
         bootstrap("bench", {"COMFY_MEMX_LEAK_MODE": "off", "COMFY_MEMX_EVENTS": events_path})
-        root = os.path.join(STAND_INS, "v0_27_0")
+        root = STAND_IN_0270
         if root not in sys.path:
             sys.path.insert(0, root)
         import comfy.utils as utils

@@ -86,10 +86,10 @@ def stand_in(layout, rounds, labels):
     from comfy_memx.core import registry
     from comfy_memx.core.state import STATE
     from comfy_memx.core.bootstrap import bootstrap
-    from bench.common import STAND_INS
+    from bench.common import STAND_IN_0270
     STATE.reset()
     bootstrap("bench", {"COMFY_MEMX_LEAK_MODE": "off"})
-    root = os.path.join(STAND_INS, "v0_27_0")
+    root = STAND_IN_0270
     if root not in sys.path:
         sys.path.insert(0, root)
     import torch

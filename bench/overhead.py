@@ -23,7 +23,7 @@ CYCLES_PER_SAMPLE = 5
 
 
 def _import_shape():
-    root = os.path.join(common.STAND_INS, "v0_27_0")
+    root = common.STAND_IN_0270
     if root not in sys.path:
         sys.path.insert(0, root)
     import comfy.model_management as mm
