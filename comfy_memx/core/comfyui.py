@@ -36,11 +36,18 @@ def running_version(model_management=None):
 
 
 CUSTOM_NODES_DIR = "custom_nodes"
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # this comfy_memx
+# comfy_memx's own files: the package, and in a node-pack checkout the patches beside it and the pack's entry
+OWN_FILES = (os.path.join(_PACKAGE_DIR, ""), os.path.join(os.path.dirname(_PACKAGE_DIR), "patches", ""),
+             os.path.join(os.path.dirname(_PACKAGE_DIR), "__init__.py"))
 
 
 def package_of_file(filename):
-    """The folder (or single-file module name) right under a custom_nodes directory in ``filename``, else None."""
-    if not filename or CUSTOM_NODES_DIR not in filename:
+    """The folder (or single-file module name) right under a custom_nodes directory in ``filename``, else None.
+
+    comfy_memx's own files are no package even when it is installed as a node pack under ``custom_nodes/``: its
+    frames between a node and a load are not a pack the load came ``via``."""
+    if not filename or CUSTOM_NODES_DIR not in filename or os.path.abspath(filename).startswith(OWN_FILES):
         return None
     parts = os.path.normpath(filename).split(os.sep)
     for i in range(len(parts) - 2, -1, -1):

@@ -387,11 +387,7 @@ def comfyuis_own(message, base_url):
 
 
 @browser_test
-def test_the_loader_is_named_with_no_comfy_memx_in_between(tree, kind, browser_session, request):
-    if kind == "node_pack":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "as a node pack comfy_memx's own frames lie under custom_nodes/, and the attribution names it as a "
-            "package on the stack between the node and the load ('via comfy_memx'); issue 20, node pack")))
+def test_the_loader_is_named_with_no_comfy_memx_in_between(tree, kind, browser_session):
     session, seen = seen_of(browser_session, tree, kind)
     leak = seen["first"]["leaks"].get(seen["leak_row"]["model_id"], "")
     assert f"loaded by {culprit.LOADER} · {culprit.LOADER_NODE} (node 2)" in leak, leak
