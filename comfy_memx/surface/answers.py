@@ -47,10 +47,6 @@ class SharedAnswer:
             pending.add_done_callback(lambda done: self._keep(key, started, done))
         return await asyncio.shield(pending)
 
-    def forget(self):
-        """Drop the kept answer (the next request builds)."""
-        self._answer = None
-
     def _keep(self, key, started, done):
         if self._pending.get(key) is done:
             del self._pending[key]
