@@ -1,13 +1,20 @@
-"""The fleet dashboard's queries, read outside Grafana, and the Prometheus helper of tests/real_comfy: shared by
+"""The fleet dashboard's queries, read outside Grafana, the shipped alert names, and the Prometheus helper of tests/real_comfy: shared by
 the offline fleet tests (tests/unit/test_fleet_files.py) and the end-to-end one (tests/real/test_fleet_e2e.py)."""
 
 import json
 import os
+import re
+from pathlib import Path
 
 from comfy_memx import fleet
 
 # Grafana's built-in interval variables, replaced by a fixed window to check or run a query outside Grafana.
 GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$__interval": "1m", "$__range": "1h"}
+
+
+def alert_names():
+    """The alert names of the shipped rules file, in order."""
+    return re.findall(r"^\s*- alert: (\w+)\s*$", Path(fleet.rules_path()).read_text(encoding="utf-8"), re.M)
 
 
 def load_dashboard():

@@ -169,12 +169,6 @@ def test_prometheus_loaded_every_rule_and_evaluates_them_without_error(fleet_run
     assert all(rule["health"] == "ok" for rule in rules), [(r["name"], r.get("lastError")) for r in rules]
 
 
-def alert_names():
-    from test_fleet_rules import alert_names as names
-
-    return names()
-
-
 def test_the_rooted_leak_alert_fires_naming_the_holding_and_the_loading_package(fleet_run):
     leaks = firing(fleet_run["alerts"], "ComfyMemxRootedLeak")
     assert leaks, (fleet_run["alerts"], fleet_run["prometheus"].log_text()[-2000:])

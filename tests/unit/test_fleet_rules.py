@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from comfy_memx import fleet
+from fleet_queries import alert_names, prom_module
 
 HERE = Path(__file__).resolve().parents[1]  # tests/
 ROOT = HERE.parent
@@ -20,17 +21,10 @@ UNIT_TESTS = HERE / "fleet" / "alerts_test.yml"
 
 
 def promtool():
-    from test_fleet_files import prom_module
-
     found = prom_module().find_binary("promtool")
     if found is None:
         pytest.skip("promtool is not installed (apt-get install prometheus, or set COMFY_MEMX_PROMETHEUS)")
     return found
-
-
-def alert_names():
-    """The alert names of the shipped rules file, in order."""
-    return re.findall(r"^\s*- alert: (\w+)\s*$", Path(fleet.rules_path()).read_text(encoding="utf-8"), re.M)
 
 
 def unit_cases():
