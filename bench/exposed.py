@@ -5,10 +5,11 @@
 
     python -m bench.exposed [--requests 2000] [--clients 8] [--rounds 2] [--busy-s 0.3] [--json OUT]
 
-One stand-in ComfyUI 0.27.0 server (``tests/fake_comfy``, under ``python -m comfy_memx``, ``--cpu``) with two node
-packs: ``leaky_pack`` (its loader keeps leaked models alive, so there is something to search) and a generated pack
-whose ``MemxBusy`` node spins the CPU for ``--busy-s`` seconds in Python (a CPU-bound prompt node, like a sampler
-on the CPU).  A prompt thread runs prompts back to back (loader, sampler, busy node) and times each one; meanwhile
+One stand-in ComfyUI 0.27.0 server (written from the stand-in source shipped with comfy_memx, the tree the demo and
+the tests run; under ``python -m comfy_memx``, ``--cpu``) with one generated node pack: ``MemxBenchLoader`` loads a
+model and, for every third prompt, keeps it alive in a class-level cache (the classic leak, so there is something to
+search), and ``MemxBusy`` loads its input model again, then spins the CPU for ``--busy-s`` seconds in Python (a
+CPU-bound prompt node, like a sampler on the CPU).  A prompt thread runs prompts back to back (loader, sampler, busy node) and times each one; meanwhile
 ``--clients`` threads send ``--requests`` requests in all, drawn from a fixed mix:
 
 =======================  ============  ===============
@@ -51,33 +52,59 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 from bench import common
+from comfy_memx.cli.demo_world.standin import write_tree
 
 CASE = "exposed"
-STAND_IN = os.path.join(ROOT, "tests", "fake_comfy", "v0_27_0", "main.py")
-LEAKY_PACK = os.path.join(ROOT, "tests", "fake_comfy", "packs", "leaky_pack")
 MIX = {"searches": (("models", 50), ("queue", 5), ("metrics", 10), ("free", 15), ("search", 20)),
        "no_searches": (("models", 70), ("queue", 5), ("metrics", 10), ("free", 15))}
-BUSY_PACK = '''
+BENCH_PACK = '''
 import time
+
+import comfy.model_base
+import comfy.model_management
+import comfy.model_patcher
+
+
+class MemxBenchLoader:
+    _cache = {}
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"name": ("STRING", {"default": "m"}), "tensor_count": ("INT", {"default": 8}),
+                             "tensor_numel": ("INT", {"default": 4096}), "leak": ("BOOLEAN", {"default": False})}}
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "load"
+
+    def load(self, name, tensor_count, tensor_numel, leak):
+        mm = comfy.model_management
+        module = comfy.model_base.BaseModel(tensor_count, tensor_numel)
+        if leak:
+            MemxBenchLoader._cache[name] = module
+        patcher = comfy.model_patcher.ModelPatcher(module, load_device=mm.get_torch_device(),
+                                                   offload_device=mm.unet_offload_device())
+        mm.load_models_gpu([patcher])
+        return (patcher,)
 
 
 class MemxBusy:
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"seconds": ("FLOAT", {"default": 0.3})}}
+        return {"required": {"model": ("MODEL",), "seconds": ("FLOAT", {"default": 0.3})}}
 
     RETURN_TYPES = ("INT",)
     FUNCTION = "spin"
     OUTPUT_NODE = True
 
-    def spin(self, seconds):
+    def spin(self, model, seconds):
+        comfy.model_management.load_models_gpu([model])
         end, n = time.thread_time() + seconds, 0
         while time.thread_time() < end:   # CPU seconds of this thread: the same work whatever else runs
             n += 1
         return (n,)
 
 
-NODE_CLASS_MAPPINGS = {"MemxBusy": MemxBusy}
+NODE_CLASS_MAPPINGS = {"MemxBenchLoader": MemxBenchLoader, "MemxBusy": MemxBusy}
 '''
 
 
@@ -102,17 +129,17 @@ class Server:
 
     def __init__(self, folder):
         nodes = os.path.join(folder, "custom_nodes")
-        shutil.copytree(LEAKY_PACK, os.path.join(nodes, "leaky_pack"))
-        os.makedirs(os.path.join(nodes, "memx_busy"))
-        with open(os.path.join(nodes, "memx_busy", "__init__.py"), "w") as f:
-            f.write(BUSY_PACK)
+        main_py = write_tree(os.path.join(folder, "ComfyUI"))
+        os.makedirs(os.path.join(nodes, "memx_bench"))
+        with open(os.path.join(nodes, "memx_bench", "__init__.py"), "w") as f:
+            f.write(BENCH_PACK)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("COMFY_MEMX")}
         env.update(FAKE_COMFY_CUSTOM_NODE_DIRS=nodes, PYTHONUNBUFFERED="1", COMFY_MEMX_LEAK_MODE="report",
                    PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""))
         self.log = open(os.path.join(folder, "server.log"), "wb")
-        self.process = subprocess.Popen([sys.executable, "-m", "comfy_memx", STAND_IN, "--cpu", "--listen",
+        self.process = subprocess.Popen([sys.executable, "-m", "comfy_memx", main_py, "--cpu", "--listen",
                                          "127.0.0.1", "--port", str(self.port)], stdout=self.log,
                                         stderr=subprocess.STDOUT, env=env, cwd=folder)
         for _ in range(1200):
@@ -128,10 +155,10 @@ class Server:
 
     def prompt(self, index, busy_s):
         """Run one prompt and return its seconds (queued to done)."""
-        prompt = {"1": {"class_type": "LeakyLoader", "inputs": {"name": f"m{index % 3}", "tensor_count": 8,
-                                                                "tensor_numel": 4096, "leak": index % 3 == 0}},
-                  "2": {"class_type": "LeakySampler", "inputs": {"model": ["1", 0]}},
-                  "3": {"class_type": "MemxBusy", "inputs": {"seconds": busy_s + index * 1e-9}}}  # never cached
+        prompt = {"1": {"class_type": "MemxBenchLoader", "inputs": {"name": f"m{index % 3}", "tensor_count": 8,
+                                                                    "tensor_numel": 4096, "leak": index % 3 == 0}},
+                  "3": {"class_type": "MemxBusy", "inputs": {"model": ["1", 0],
+                                                             "seconds": busy_s + index * 1e-9}}}  # never cached
         started = time.monotonic()
         status, raw = http("POST", self.url + "/prompt", {"prompt": prompt})
         assert status == 200, raw

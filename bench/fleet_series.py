@@ -19,7 +19,6 @@ end unless ``--keep``. Exit status: the soak's (0 when it ran), 2 when Prometheu
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -28,16 +27,10 @@ import sys
 import tempfile
 import time
 
+from bench.harness import prom as prom_module
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-
-
-def _prom():
-    spec = importlib.util.spec_from_file_location("memx_bench_prom", os.path.join(ROOT, "tests", "real_comfy",
-                                                                                  "prom.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def count_series(prom, job, start, end):
@@ -62,7 +55,6 @@ def main(argv=None):
     parser.add_argument("--keep", action="store_true", help="keep the work folder (Prometheus config and data)")
     parser.add_argument("soak_args", nargs="*", help="more bench.soak arguments (after --)")
     options = parser.parse_args(argv)
-    prom_module = _prom()
     if prom_module.find_binary() is None:
         print("prometheus not found (apt-get install prometheus, or set COMFY_MEMX_PROMETHEUS)", file=sys.stderr)
         return 2

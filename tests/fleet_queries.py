@@ -1,8 +1,7 @@
-"""The fleet dashboard's queries, read outside Grafana, the shipped alert names, and the Prometheus helper of tests/real_comfy: shared by
-the offline fleet tests (tests/unit/test_fleet_files.py) and the end-to-end one (tests/real/test_fleet_e2e.py)."""
+"""The fleet dashboard's queries, read outside Grafana, the shipped alert names, and the Prometheus helper of
+bench.harness: shared by the offline fleet tests (tests/unit/test_fleet_files.py) and the end-to-end one (tests/real/test_fleet_e2e.py)."""
 
 import json
-import os
 import re
 from pathlib import Path
 
@@ -49,11 +48,7 @@ def grafana_free(expr, variables=None):
 
 
 def prom_module():
-    """``tests/real_comfy/prom.py`` (a real Prometheus on loopback), imported under a private name."""
-    import importlib.util
+    """``bench.harness.prom`` (a real Prometheus on loopback)."""
+    from bench.harness import prom
 
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "real_comfy", "prom.py")
-    spec = importlib.util.spec_from_file_location("memx_test_prom", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return prom

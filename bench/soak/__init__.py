@@ -6,21 +6,21 @@
                          [--json OUT] [--checkpoint FILE] [--port-base P] [--timeout S] [--no-plain]
                          [--work-dir DIR] [--keep]
 
-Standard library only (it imports ``tests/real_comfy/drive.py`` for starting, driving and stopping servers); the
+Standard library only (it drives servers with ``bench.harness.drive`` for starting, driving and stopping servers); the
 servers run under ``--python``, an interpreter with the tree's requirements that can import comfy_memx (CI
 installs the wheel there; for a checkout, ``pip install --no-deps -e .`` into it or put it on ``PYTHONPATH``).
 
 What one run does:
 
 1. makes two ComfyUI base folders (``--base-directory``) in a work folder: each with ``custom_nodes/`` holding a
-   copy of the leaking pack ``tests/real_comfy/memx_soak_nodes``, and ``models/checkpoints/`` holding a link to the
-   random-weight SD1.5 checkpoint (``--checkpoint``, or built once by ``tests/real_comfy/make_checkpoint.py``
+   copy of the leaking pack ``bench/harness/memx_soak_nodes``, and ``models/checkpoints/`` holding a link to the
+   random-weight SD1.5 checkpoint (``--checkpoint``, or built once by ``bench/harness/make_checkpoint.py``
    with the tree's own classes into a cache folder: ``$COMFY_MEMX_SOAK_CACHE``, else ``~/.cache/comfy_memx-soak``);
 2. starts the tree twice on 127.0.0.1, ``--cpu``, at the same time: ``memx`` (``python -m comfy_memx main.py``,
    leak mode ``--leak-mode``, an event log) and ``plain`` (``python main.py``, no comfy_memx);
 3. runs the same workload on both, prompt by prompt, one server at a time, alternating which goes first
    (memx then plain for even prompts, plain then memx for odd ones, so that order effects cancel): prompt ``i``
-   is ComfyUI's default text-to-image workflow (``tests/real_comfy/workflows/default_t2i.json``, 64x64, 1 step)
+   is ComfyUI's default text-to-image workflow (``bench/harness/workflows/default_t2i.json``, 64x64, 1 step)
    with seed ``i``; every odd prompt also runs one of the pack's leaking loaders into its sampler (six slots:
    three class-level cache, three hook registry; the slot's model is rebuilt ``--generations`` times over the run,
    which releases the previous one). The pack's nodes are absent from the next prompt, so ComfyUI's cache drops

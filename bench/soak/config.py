@@ -2,13 +2,14 @@
 
 import os
 
+from bench import harness
+
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # bench/
 ROOT = os.path.dirname(HERE)
-REAL_COMFY = os.path.join(ROOT, "tests", "real_comfy")
 PACK_NAME = "memx_soak_nodes"
-PACK_SOURCE = os.path.join(REAL_COMFY, PACK_NAME)
-WORKFLOW_PATH = os.path.join(REAL_COMFY, "workflows", "default_t2i.json")
+PACK_SOURCE = harness.pack_source(PACK_NAME)
+WORKFLOW_PATH = harness.workflow_path("default_t2i")
 CHECKPOINT_NAME = "memx_sd15_random.safetensors"
 NET_CLASS_NAME = "MemxSoakNet"
 MIB = 1024 ** 2

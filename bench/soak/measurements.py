@@ -8,7 +8,7 @@ import re
 import statistics
 
 from bench.soak.config import MIB
-from bench.soak.driver import drive
+from bench.harness import drive
 
 
 def median_or_none(values):
@@ -91,7 +91,7 @@ _VERSION = re.compile(r"comfy_memx (\S+) active")
 
 def clean_line(line):
     """A log line without ANSI colours and without ComfyUI's ``[LEVEL]``/timestamp prefixes."""
-    return _LOG_PREFIX.sub("", drive().strip_ansi(line).rstrip("\r\n"))
+    return _LOG_PREFIX.sub("", drive.strip_ansi(line).rstrip("\r\n"))
 
 
 def find_tracebacks(text):

@@ -1,5 +1,5 @@
 """The servers: base folders, the checkpoint, starting and stopping both ComfyUI servers
-(``tests/real_comfy/drive.py``), running prompts, the pollers, ``/memx/free`` and the final checks."""
+(``bench.harness.drive``), running prompts, the pollers, ``/memx/free`` and the final checks."""
 
 import json
 import os
@@ -11,7 +11,7 @@ import time
 
 from bench.soak.config import (CHECKPOINT_NAME, FINAL_RESERVE_S, FREE_ALL, HISTORY_POLL_S, METRICS_UNAVAILABLE,
                                PACK_NAME, PACK_SOURCE, ROOT, SERVERS, SLOTS, WORKFLOW_PATH, WORKLOAD_REUSE)
-from bench.soak.driver import drive
+from bench.harness import drive
 from bench.soak.workload import build_workload, census_prompt, expected_held, load_workflow
 from bench.soak.measurements import (describe, median_or_none, read_proc_memory, rss_growth_per_100, scan_log, thin,
                                      validate_event_file)
@@ -35,7 +35,7 @@ def ensure_checkpoint(options, log, timeout=900.0):
         return path, 0.0
     log(f"building the random-weight checkpoint {path} with {options.python} (about 25 s) ...")
     started = time.monotonic()
-    drive().ensure_checkpoint(options.python, os.path.abspath(options.comfyui), path, timeout=max(1.0, timeout))
+    drive.ensure_checkpoint(options.python, os.path.abspath(options.comfyui), path, timeout=max(1.0, timeout))
     return path, time.monotonic() - started
 
 
@@ -56,7 +56,7 @@ def prepare_base(base, checkpoint):
 
 def check_importable(python, module="comfy_memx"):
     """None when ``python`` can import ``module`` (with this environment's PYTHONPATH), else the error text."""
-    env = drive().inherited_env()
+    env = drive.inherited_env()
     try:
         result = subprocess.run([python, "-c", f"import {module}"], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, timeout=120, env=env, cwd=tempfile.gettempdir())
@@ -84,7 +84,7 @@ class Server:
         self.free_thread = None
         self.free_skipped = 0
         self.lock = threading.Lock()
-        d = drive()
+        d = drive
         comfy_args = prepare_base(base, options.checkpoint_path)
         launcher = "module" if label == "memx" else "plain"
         argv, extra = d.server_command(options.python, os.path.abspath(options.comfyui), launcher, port, comfy_args)
@@ -126,7 +126,7 @@ class Server:
 
 def wait_history(server, prompt_id, deadline):
     """Poll /history/<id> every HISTORY_POLL_S until the prompt completed; return its entry or None."""
-    d = drive()
+    d = drive
     while time.monotonic() < deadline and server.comfy.alive():
         status, body = d.http_call("GET", f"{server.url}/history/{prompt_id}", timeout=10.0)
         if status == 200 and isinstance(body, dict) and prompt_id in body:
@@ -151,7 +151,7 @@ def exec_seconds(entry):
 
 def run_prompt(server, item, deadline, on_submitted=None):
     """Submit one workload prompt and wait for it; returns its record (``ok``, ``e2e_s``, ``exec_s``, ...)."""
-    d = drive()
+    d = drive
     started = time.monotonic()
     status, body = d.submit_prompt(server.comfy, item["prompt"], client_id=f"memx-soak-{server.label}")
     prompt_id = body.get("prompt_id") if isinstance(body, dict) else None
@@ -178,7 +178,7 @@ def run_prompt(server, item, deadline, on_submitted=None):
 
 def poll_loop(server, stop, interval, metrics_path):
     """GET /memx/models and the metrics path every ``interval`` seconds until ``stop`` is set."""
-    d = drive()
+    d = drive
     while not stop.wait(interval):
         if not server.comfy.alive():
             return
@@ -199,7 +199,7 @@ def poll_loop(server, stop, interval, metrics_path):
 
 def post_free(server, index, memx):
     """POST /memx/free (memx) or ComfyUI's /free (plain) with both flags; records the answer."""
-    d = drive()
+    d = drive
     started = time.monotonic()
     if memx:
         status, body = d.http_call("POST", f"{server.url}/memx/free?timeout=60", dict(FREE_ALL), timeout=120.0)
@@ -239,7 +239,7 @@ def rss_loop(servers, stop, clock_start, progress, loadavg):
 
 def pick_metrics_path(server):
     """/metrics when it is comfy_memx's (or answers 501 for a missing prometheus_client), else /memx/metrics."""
-    status, body = drive().http_call("GET", server.url + "/metrics", timeout=30.0)
+    status, body = drive.http_call("GET", server.url + "/metrics", timeout=30.0)
     if status == 200 and isinstance(body, str) and "comfy_memx_" in body:
         return "/metrics"
     if status == METRICS_UNAVAILABLE:
@@ -307,7 +307,7 @@ def summarize_server(server, prompts, warmup, memx):
 
 def run_soak(options, log=print):
     """Run the whole soak; returns the report (the servers are always stopped)."""
-    d = drive()
+    d = drive
     wall_start = time.monotonic()
     deadline = wall_start + options.timeout
     report = {"tool": "bench/soak.py", "comfyui": os.path.abspath(options.comfyui), "python": options.python,
@@ -431,7 +431,7 @@ def run_soak(options, log=print):
 
 def final_checks(memx, plain, options, deadline):
     """End of the run: free everything, then census both servers and read /memx/models once more."""
-    d = drive()
+    d = drive
     finals = {}
 
     def left(reserve):

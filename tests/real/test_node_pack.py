@@ -23,14 +23,13 @@ from pathlib import Path
 
 import pytest
 
-from memx_helpers import load_module
+from bench.harness import drive
 from comfy_memx import __version__
 
 pytestmark = pytest.mark.real
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL_COMFY_DIR = ROOT / "tests" / "real_comfy"
-drive = load_module("memx_real_comfy_drive", REAL_COMFY_DIR / "drive.py")
 TREES = [path for path in os.environ.get("COMFY_MEMX_REAL_COMFYUI", "").split(os.pathsep) if path]
 PYTHON = os.environ.get("COMFY_MEMX_REAL_PYTHON") or None
 PLAIN_PYTHON = os.environ.get("COMFY_MEMX_REAL_PLAIN_PYTHON") or PYTHON

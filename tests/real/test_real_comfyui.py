@@ -6,7 +6,7 @@ The real-server tests run only when both of these are set (otherwise they are sk
 * ``COMFY_MEMX_REAL_PYTHON``: the interpreter that runs them (a venv with ComfyUI's requirements and comfy_memx
   installed: ``pip install --no-deps -e .`` or the wheel).
 
-The default text-to-image workflow needs the random-weight SD1.5 checkpoint of ``real_comfy/make_checkpoint.py``:
+The default text-to-image workflow needs the random-weight SD1.5 checkpoint of ``bench/harness/make_checkpoint.py``:
 ``COMFY_MEMX_REAL_CHECKPOINT`` names it; when that file does not exist yet (or the variable is unset, then
 ``${XDG_CACHE_HOME:-~/.cache}/comfy_memx-real/memx_sd15_random.safetensors``) it is built there once (about 25 s,
 2 GiB), so CI can cache it.
@@ -47,6 +47,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness import drive, pack_source
 from memx_helpers import load_module
 
 REAL_COMFY_DIR = Path(__file__).parents[1] / "real_comfy"
@@ -58,9 +59,8 @@ PATCHER_PACK = str(REAL_COMFY_DIR / "memx_multigpu_like")
 TEST_PACK = "memx_test_nodes"
 
 
-drive = load_module("memx_real_comfy_drive", REAL_COMFY_DIR / "drive.py")
-node_pack = load_module("memx_real_comfy_nodes", REAL_COMFY_DIR / TEST_PACK / "__init__.py")
-unload_pack = load_module("memx_real_comfy_unload_nodes", REAL_COMFY_DIR / UNLOAD_PACK / "__init__.py")
+node_pack = load_module("memx_real_comfy_nodes", Path(pack_source(TEST_PACK)) / "__init__.py")
+unload_pack = load_module("memx_real_comfy_unload_nodes", Path(pack_source(UNLOAD_PACK)) / "__init__.py")
 ALL_NODES = {**node_pack.NODE_CLASS_MAPPINGS, **unload_pack.NODE_CLASS_MAPPINGS}
 
 
@@ -239,7 +239,7 @@ def test_leak_lines_are_found_with_and_without_ansi_colours():
 def test_node_pack_install_copies_without_bytecode(tmp_path):
     (tmp_path / "custom_nodes").mkdir()
     target = Path(drive.install_node_pack(str(tmp_path)))
-    assert (target / "__init__.py").read_bytes() == (REAL_COMFY_DIR / TEST_PACK / "__init__.py").read_bytes()
+    assert (target / "__init__.py").read_bytes() == (Path(pack_source(TEST_PACK)) / "__init__.py").read_bytes()
     assert not list(target.rglob("*.pyc"))
     with pytest.raises(FileNotFoundError):
         drive.install_node_pack(str(tmp_path / "not_a_tree"))

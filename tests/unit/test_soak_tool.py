@@ -12,16 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from bench import soak
+from bench import harness, soak
 from memx_helpers import load_module
 
-ROOT = Path(__file__).resolve().parents[2]
-REAL_COMFY = ROOT / "tests" / "real_comfy"
+SOAK_PACK = Path(harness.pack_source("memx_soak_nodes")) / "__init__.py"
 MIB = 1024 ** 2
 
 
-pack = load_module("memx_soak_nodes_offline", REAL_COMFY / "memx_soak_nodes" / "__init__.py")
-WORKFLOW = json.loads((REAL_COMFY / "workflows" / "default_t2i.json").read_text())
+pack = load_module("memx_soak_nodes_offline", SOAK_PACK)
+WORKFLOW = json.loads(Path(harness.workflow_path("default_t2i")).read_text())
 
 
 @pytest.fixture
@@ -470,7 +469,7 @@ def stub_comfy(monkeypatch):
     for name, module in (("comfy", comfy), ("comfy.model_management", model_management),
                          ("comfy.model_patcher", model_patcher), ("comfy.model_base", model_base)):
         monkeypatch.setitem(sys.modules, name, module)
-    node_pack = load_module("memx_soak_nodes_stubbed", REAL_COMFY / "memx_soak_nodes" / "__init__.py")
+    node_pack = load_module("memx_soak_nodes_stubbed", SOAK_PACK)
     yield node_pack, loaded
     node_pack.MemxSoakCachedLoader._cache.clear()
     node_pack.HOOK_REGISTRY.clear()

@@ -29,3 +29,29 @@ def extend(namespace, part):
     filename = f"{os.path.splitext(namespace['__file__'])[0]}[{part}].py"
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     exec(compile(source, filename, "exec"), namespace)
+
+
+def write_tree(dest, version="v0_27_0"):
+    """Write a runnable stand-in ComfyUI tree of ``version`` into the empty or new folder ``dest`` and return the
+    path of its ``main.py``.
+
+    Each module of the tree is the short file that calls :func:`extend` for its part (as ``tests/fake_comfy``'s
+    trees do), so a tool outside the tests (``bench.exposed``) can start a stand-in server from the installed
+    package alone. ``custom_nodes/`` is created empty.
+    """
+    source = os.path.join(HERE, version)
+    for folder, _dirs, files in os.walk(source):
+        for name in files:
+            if not name.endswith(".py") or folder == source and name == "__init__.py":
+                continue
+            relative = os.path.relpath(os.path.join(folder, name), source)
+            part = f"{version}/{os.path.splitext(relative)[0].replace(os.sep, '/')}"
+            target = os.path.join(dest, relative)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(target, "w", encoding="utf-8") as handle:
+                handle.write(f'"""Stand-in ComfyUI module: its source is {part}.py of {__name__}."""\n'
+                             f"from {__name__} import extend\n\nextend(globals(), {part!r})\n")
+    with open(os.path.join(dest, "comfyui_version.py"), "w", encoding="utf-8") as handle:
+        handle.write(f'__version__ = "{version[1:].replace("_", ".")}"\n')
+    os.makedirs(os.path.join(dest, "custom_nodes"), exist_ok=True)
+    return os.path.join(dest, "main.py")

@@ -2,7 +2,7 @@
 
 Run it with the interpreter of a ComfyUI environment (see ``.ci/comfyui-env``)::
 
-    python tests/real_comfy/make_checkpoint.py --tree /work/comfy-trees/v0.27.0 \\
+    python bench/harness/make_checkpoint.py --tree /work/comfy-trees/v0.27.0 \\
         --out /work/comfy-ckpt/memx_sd15_random.safetensors [--seed 0] [--verify-load]
 
 The networks are built by the tree's own classes: the UNet through ``comfy.model_detection`` /

@@ -1,6 +1,6 @@
 """Model-free ComfyUI test nodes for checking comfy_memx against a real ComfyUI server.
 
-The pack is copied into the ``custom_nodes/`` of a server's base directory by ``tests/real_comfy/drive.py``
+The pack is copied into the ``custom_nodes/`` of a server's base directory by ``bench/harness/drive.py``
 (or into ``<ComfyUI>/custom_nodes/`` by its ``install_node_pack``). It uses the V1
 node API (INPUT_TYPES, RETURN_TYPES, FUNCTION, CATEGORY, OUTPUT_NODE) so that the same code loads in
 ComfyUI 0.3.64, 0.27.0 and 0.33.0.

@@ -38,7 +38,7 @@ checkpoint with ``make_checkpoint.py`` when a cache does not hold it yet.
 
 Example::
 
-    python tests/real_comfy/drive.py --tree /work/comfy/c0270 --python /work/comfy/venv/bin/python \\
+    python -m bench.harness.drive --tree /work/comfy/c0270 --python /work/comfy/venv/bin/python \\
         --scenario leak --launcher module --out /tmp/memx_run --get /memx/models
 
 Exit status: 0 when the server booted, every HTTP call answered 2xx and every prompt succeeded;
