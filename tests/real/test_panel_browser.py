@@ -32,9 +32,11 @@ TAB_BUTTON = ".comfy-memx-memory-tab-button"
 CHEAP_PROMPTS = 50
 MODEL_EVERY = 10
 QUIET_S = 5               # seconds of listening for the panel's requests: two polls and a half
-#: install kinds: the launcher (``python -m comfy_memx main.py``), and this repository cloned into custom_nodes/
-#: started with ComfyUI's plain ``python main.py`` (the node pack)
+#: install kinds: the launcher (``python -m comfy_memx main.py``), ComfyUI's plain ``python main.py`` with
+#: ``COMFY_MEMX=1`` (the installed package's .pth line), and this repository cloned into custom_nodes/ started with
+#: ComfyUI's plain ``python main.py`` (the node pack)
 KINDS = {"launcher": {"launcher": "module", "env": {"COMFY_MEMX_LEAK_MODE": "strict"}, "node_pack": False},
+         "env": {"launcher": "env", "env": {"COMFY_MEMX_LEAK_MODE": "strict"}, "node_pack": False},
          "node_pack": {"launcher": "plain", "env": {"COMFY_MEMX_LEAK_MODE": "strict"}, "node_pack": True}}
 REPO = os.path.dirname(HERE)
 PACK_FILES = ("__init__.py", "pyproject.toml", "comfy_memx", "patches")
@@ -287,10 +289,20 @@ def seen_of(browser_session, tree, kind):
     return session, session.seen
 
 
+def browser_cases():
+    """``(tree, kind)`` of every browser session: the node pack on every tree (ComfyUI's own start command, the
+    install that must work on each version), the launcher on the first and the last tree named, and
+    ``COMFY_MEMX=1`` on the last (each session is two to three minutes of CI)."""
+    first, last = real_trees[0], real_trees[-1]
+    cases = [pytest.param(tree.values[0], "node_pack", id=f"{tree.id}-node_pack") for tree in real_trees]
+    cases += [pytest.param(tree.values[0], "launcher", id=f"{tree.id}-launcher") for tree in {first.id: first,
+                                                                                               last.id: last}.values()]
+    return cases + [pytest.param(last.values[0], "env", id=f"{last.id}-env")]
+
+
 def browser_test(test):
-    """The marks of every test below: Chromium and real ComfyUI needed, one case per tree and install kind."""
-    for mark in (pytest.mark.parametrize("tree", real_trees), pytest.mark.parametrize("kind", sorted(KINDS)),
-                 needs_real_comfyui, needs_chromium):
+    """The marks of every test below: Chromium and real ComfyUI needed, one case per browser session."""
+    for mark in (pytest.mark.parametrize(("tree", "kind"), browser_cases()), needs_real_comfyui, needs_chromium):
         test = mark(test)
     return test
 
