@@ -27,14 +27,12 @@ import sys
 import tempfile
 import time
 
-from bench.soak import cli, driver, measurements, servers
+from bench.harness import drive
+from bench.soak import cli, measurements, servers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MIB = 2 ** 20
 MODES = {"trim": "1", "no_trim": "0"}
-
-
-drive = driver.drive()
 
 
 def parse_args(argv=None):

@@ -14,8 +14,8 @@ fails it.  The file behaves like a log file:
 * out of space (``ENOSPC``, ``EDQUOT``, ``EFBIG``): one warning, the events are dropped and counted, a write is
   tried again at most once per :data:`RETRY_S`, and when one succeeds an ``events_dropped`` line says how many were
   lost; any other error switches the file off with one warning while ComfyUI runs on;
-* no file I/O on the server's event loop: an event emitted while a loop named by :func:`avoid_loop` runs on this
-  thread (ComfyUI's server loop, named by ``surface.routes.register``) is handed to a writer thread; the prompt
+* no file I/O on the server's event loop: an event emitted while a loop named by :meth:`EventLog.avoid_loop` runs on
+  this thread (ComfyUI's server loop, named by ``surface.routes.register``) is handed to a writer thread; the prompt
   worker's own loop (ComfyUI runs each prompt in one) writes directly, line by line, as before;
 * events written for HTTP requests (:meth:`EventLog.emit_request`) are limited to ``request_rate`` per second;
   the rest are dropped and counted (``events_dropped`` with ``reason: "rate"``).
@@ -54,8 +54,10 @@ class NotRegular(MemxError, OSError):
 class EventLog:
     """Fan-out of events to an optional JSONL file and to subscriber callbacks (metrics, tests)."""
 
-    def __init__(self, path=None, request_rate=20):
+    def __init__(self, path=None, request_rate=20, avoided_loops=None):
         self.path = path
+        # event loops on which no file I/O may happen (ComfyUI's server loop); STATE passes one set to every log
+        self.avoided_loops = avoided_loops if avoided_loops is not None else weakref.WeakSet()
         self.request_rate = max(1, int(request_rate))
         self.dropped = collections.Counter()   # reason ("no_space", "rate", "queue") -> events not written
         self._fd = None
@@ -85,6 +87,14 @@ class EventLog:
         if callback in self._subscribers:
             self._subscribers.remove(callback)
 
+    def avoid_loop(self, loop):
+        """Never write the events file while ``loop`` runs on the emitting thread (lines go to a writer thread)."""
+        if loop is not None:
+            self.avoided_loops.add(loop)
+
+    def _on_avoided_loop(self):
+        return _running_loop_in(self.avoided_loops)
+
     def emit(self, event, **fields):
         """Record one event; returns the dict that was written (or None when nobody listens)."""
         if not self.wanted:
@@ -97,7 +107,7 @@ class EventLog:
                 internal_error(f"event subscriber {getattr(callback, '__name__', callback)!r}", exc)
         if self.path is not None and not self._broken:
             line = json.dumps(record, default=str, separators=(",", ":")) + "\n"
-            if _on_event_loop():
+            if self._on_avoided_loop():
                 self._hand_over(line)
             else:
                 self._write(line)
@@ -285,21 +295,13 @@ def _end_with_newline(path, fd, size):
         os.write(fd, b"\n")
 
 
-_AVOIDED = weakref.WeakSet()   # event loops on which no file I/O may happen (ComfyUI's server loop)
-
-
-def avoid_loop(loop):
-    """Never write the events file while ``loop`` runs on the emitting thread (lines go to a writer thread)."""
-    if loop is not None:
-        _AVOIDED.add(loop)
-
-
-def _on_event_loop():
+def _running_loop_in(loops):
+    """Whether the event loop running on this thread is one of ``loops``."""
     asyncio = sys.modules.get("asyncio")
-    if asyncio is None or not _AVOIDED:
+    if asyncio is None or not loops:
         return False
     try:
         loop = asyncio.events._get_running_loop()
     except Exception:
         return False
-    return loop is not None and loop in _AVOIDED
+    return loop is not None and loop in loops

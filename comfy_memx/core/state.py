@@ -10,6 +10,7 @@ one call.
 """
 
 import threading
+import weakref
 
 from comfy_memx.core import errors
 from comfy_memx.core.config import DEFAULT
@@ -47,7 +48,8 @@ class ProcessState:
         self.source = None           # "launcher", "env", "auto", "api" or "demo" once bootstrapped
         for name, factory in self._fields.items():
             setattr(self, name, factory())
-        self.events = EventLog()
+        self.event_loops_without_io = weakref.WeakSet()   # loops that no event write may block (the server's)
+        self.events = EventLog(avoided_loops=self.event_loops_without_io)
         self.stacks = ThreadStacks()
         self.pin_budget_running = False   # an unload settles the pin budget (pins.session turns it on)
         self.free_request_hooks = []  # callables(phase) told when the worker starts and ends a /free unload
@@ -58,7 +60,7 @@ class ProcessState:
         self.events.close()
         self.config = cfg
         self.source = activation_source
-        self.events = EventLog(cfg.events, request_rate=cfg.event_rate)
+        self.events = EventLog(cfg.events, request_rate=cfg.event_rate, avoided_loops=self.event_loops_without_io)
         self.errors.raise_internal = self.errors.raise_internal or cfg.raise_internal
 
     def register(self, name, factory):

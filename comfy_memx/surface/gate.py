@@ -33,26 +33,39 @@ MIN_SEARCH_S = 0.05  # a search with less budget left than this is refused inste
 READ_THREADS = 4
 WORK_THREADS = 4
 
-_pools = {}
-_pools_lock = threading.Lock()
+class Executors:
+    """The surface's thread pools by name, made on first use (a part of the process state); a reset shuts them down
+    without waiting (what they already run finishes)."""
 
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._pools = {}
 
-def _pool(name, threads):
-    with _pools_lock:
-        pool = _pools.get(name)
-        if pool is None:
-            pool = _pools[name] = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix=f"comfy_memx-{name}")
-        return pool
+    def pool(self, name, threads):
+        """The pool ``name`` (``threads`` workers the first time it is asked for)."""
+        with self._lock:
+            pool = self._pools.get(name)
+            if pool is None:
+                pool = self._pools[name] = concurrent.futures.ThreadPoolExecutor(
+                    threads, thread_name_prefix=f"comfy_memx-{name}")
+            return pool
+
+    def close(self):
+        """Shut every pool down, without waiting."""
+        with self._lock:
+            pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.shutdown(wait=False)
 
 
 def reads():
     """The executor of the read routes."""
-    return _pool("reads", READ_THREADS)
+    return STATE.part(Executors).pool("reads", READ_THREADS)
 
 
 def work():
     """The executor of searches, receipts and hand-off calls."""
-    return _pool("work", WORK_THREADS)
+    return STATE.part(Executors).pool("work", WORK_THREADS)
 
 
 class Busy(MemxError):

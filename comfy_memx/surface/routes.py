@@ -288,8 +288,7 @@ def register(server):
     if served is not None:
         return served
     handlers = Handlers(server)
-    from comfy_memx.core import events
-    events.avoid_loop(getattr(server, "loop", None))   # no events-file I/O on ComfyUI's server loop
+    STATE.events.avoid_loop(getattr(server, "loop", None))   # no events-file I/O on ComfyUI's server loop
     routes = server.routes
     routes.get("/memx/models")(_guarded("/memx/models", handlers.models))
     routes.get("/memx/status")(_guarded("/memx/status", handlers.status))

@@ -150,12 +150,12 @@ def test_events_emitted_on_the_server_loop_are_written_by_another_thread(tmp_pat
     real_write = EventLog._write
 
     def spy(self, line):
-        writers.append(eventsmod._on_event_loop())
+        writers.append(self._on_avoided_loop())
         return real_write(self, line)
     monkeypatch.setattr(EventLog, "_write", spy)
 
     async def on_loop():
-        eventsmod.avoid_loop(asyncio.get_running_loop())   # as routes.register does for ComfyUI's server loop
+        log.avoid_loop(asyncio.get_running_loop())   # as routes.register does for ComfyUI's server loop
         log.emit("free", status="done")
     asyncio.run(on_loop())
     log.emit("load", model="M")   # off the loop: written here
