@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import sys
+import warnings
 
 from comfy_memx._version import __version__
 from comfy_memx.core import config, registry
@@ -95,7 +96,9 @@ def _pin_facts(cfg, comfyui_version_text):
 
 def _torch_facts():
     try:
-        import torch
+        with warnings.catch_warnings():   # torch without numpy warns at import; doctor reports no numpy facts
+            warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+            import torch
     except ImportError as exc:
         return {"torch": None, "torch_error": str(exc), "cuda_available": False}
     return {"torch": torch.__version__, "cuda_available": bool(torch.cuda.is_available()),

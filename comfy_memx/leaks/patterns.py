@@ -10,6 +10,7 @@ objects) and names the pattern, most specific first:
 pattern                 shape
 ======================  ==================================================================================
 reference_cycle         the model was held only by a cycle (ComfyUI's collection freed it)
+comfyui_cache           ComfyUI's own cache of node outputs (the executor's ``caches``): kept for reuse, not a leak
 thread_frame            a live thread's local variable
 thread_local            a ``threading.local`` attribute (it lives as long as the thread)
 lru_cache               an entry of a ``functools.lru_cache`` / ``cache`` wrapper
@@ -35,6 +36,9 @@ import re
 SUGGESTIONS = {
     "reference_cycle": "break the cycle (keep back-references as weakref.ref, or clear them when done) so the "
                        "model is freed at once instead of at ComfyUI's next full collection",
+    "comfyui_cache": "ComfyUI's own cache of node outputs keeps it, so that the next prompt with the same inputs "
+                     "reuses it: not a pack's leak. ComfyUI lets go when those nodes' inputs change, on POST /free "
+                     "with free_memory (or POST /memx/free), and keeps less with --cache-lru N or --cache-none",
     "thread_frame": "the thread still holds it in a local variable: drop the reference (del, or return) when its "
                     "work is done, or let the thread finish",
     "thread_local": "a threading.local keeps its values as long as the thread lives (ComfyUI's worker lives "
@@ -67,6 +71,7 @@ _LIST_KINDS = ("list", "collections.deque")
 _REGISTRY_KINDS = ("list", "collections.deque", "dict", "set", "collections.OrderedDict",
                    "collections.defaultdict")
 _CONTAINER_STEP = re.compile(r"\[[^\]]*\]")
+_COMFYUI_CACHE = re.compile(r"\.caches\.(outputs|objects|ui)\b")   # execution.CacheSet of ComfyUI's executor
 
 
 def classify(chain):
@@ -82,6 +87,8 @@ def _pattern(path, root_kind, package, kinds, inner_package):
         return "reference_cycle"
     if "-> thread-local" in path or "_thread._local" in kinds:
         return "thread_local"
+    if package in ("core", None) and not inner_package and _COMFYUI_CACHE.search(path):
+        return "comfyui_cache"
     if root_kind == "thread_frame" and not (inner_package and package in ("core", None)):
         return "thread_frame"
     if "-> lru_cache" in path or "functools._lru_cache_wrapper" in kinds:

@@ -7,7 +7,8 @@ route                      method  answer
 ``/memx/handoff/request``  POST    ask the idle peers to unload ``?bytes=N`` (guarded, one at a time)
 =========================  ======  ==============================================================================
 
-Only with ``COMFY_MEMX_HANDOFF=host``.  They are served on the surface's terms: the same error JSON and guard
+Only with ``COMFY_MEMX_HANDOFF=host``; otherwise both answer 404 saying that hand-off is off and which setting
+turns it on (instead of the 405 that ComfyUI answers for an unknown POST path).  They are served on the surface's terms: the same error JSON and guard
 (``surface.routes.guarded``/``guard``), the same access rules (``surface.access``), bodies read by ``surface.bodies``
 and the blocking work on ``gate.work()``.
 """
@@ -62,6 +63,11 @@ class HandoffHandlers:
             self.asking = False
 
 
+async def _handoff_off(request):
+    raise HttpError(404, "handoff_off", "GPU hand-off is off in this server; start it with COMFY_MEMX_HANDOFF=host "
+                                        "to serve this route")
+
+
 def register(server):
     """Add the hand-off routes to ``server.routes`` when ``COMFY_MEMX_HANDOFF=host``; returns the paths served
     (none when off).  A second call on the same server adds nothing."""
@@ -74,5 +80,8 @@ def register(server):
         server.routes.post(PATHS[0])(guarded(PATHS[0], handlers.give))
         server.routes.post(PATHS[1])(guarded(PATHS[1], handlers.ask))
         served = list(PATHS)
+    else:
+        for path in PATHS:
+            server.routes.post(path)(guarded(path, _handoff_off))
     setattr(server, _REGISTERED, served)
     return served

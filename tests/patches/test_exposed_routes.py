@@ -231,6 +231,14 @@ def test_handoff_needs_the_peer_secret_and_never_names_the_device(tmp_path, monk
     assert answers["remote_request"][0] == 403
 
 
+def test_handoff_routes_say_that_handoff_is_off_when_it_is(tmp_path):
+    async def scenario(comfy):
+        return [await post(comfy, path, json={"bytes": 1}) for path in ("/memx/handoff", "/memx/handoff/request?bytes=1")]
+
+    for status, body, _ in serve("0.27.0", tmp_path, scenario):
+        assert status == 404 and body["error"] == "handoff_off" and "COMFY_MEMX_HANDOFF=host" in body["message"]
+
+
 def test_models_never_show_client_addresses(tmp_path):
     async def scenario(comfy):
         await comfy.run(leaky("a"))
