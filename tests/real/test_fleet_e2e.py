@@ -20,16 +20,16 @@ the core-patch alert is seen to stay quiet for a site outside its list.
 """
 
 import math
-import os
 import subprocess
 import time
 
 import pytest
 
-from fleet_queries import dashboard_exprs, grafana_free, prom_module
+from fleet_queries import alert_names, dashboard_exprs, grafana_free, prom_module
 from test_real_comfyui import (PYTHON_ENV, TREES_ENV, configured_python, configured_trees, drive)
 
 from comfy_memx import fleet
+from comfy_memx.core.comfyui import version_of_tree
 
 prom = prom_module()
 VERSION = "0.33.0"
@@ -49,20 +49,8 @@ CPU_EMPTY_QUERIES = {
 SETTLE_S = 90.0   # at most this long for Prometheus to see what the server did (polled, not slept)
 
 
-def tree_version(tree):
-    """``__version__`` of a ComfyUI tree's ``comfyui_version.py`` (None when it has none)."""
-    try:
-        with open(os.path.join(tree, "comfyui_version.py"), encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("__version__"):
-                    return line.split("=", 1)[1].strip().strip("\"'")
-    except OSError:
-        return None
-    return None
-
-
 def tree_0330():
-    found = [tree for tree in configured_trees() if tree_version(tree) == VERSION]
+    found = [tree for tree in configured_trees() if version_of_tree(tree) == VERSION]
     return found[0] if found else None
 
 
