@@ -9,8 +9,8 @@ One stand-in ComfyUI 0.27.0 server (written from the stand-in source shipped wit
 the tests run; under ``python -m comfy_memx``, ``--cpu``) with one generated node pack: ``MemxBenchLoader`` loads a
 model and, for every third prompt, keeps it alive in a class-level cache (the classic leak, so there is something to
 search), and ``MemxBusy`` loads its input model again, then spins the CPU for ``--busy-s`` seconds in Python (a
-CPU-bound prompt node, like a sampler on the CPU).  A prompt thread runs prompts back to back (loader, sampler, busy node) and times each one; meanwhile
-``--clients`` threads send ``--requests`` requests in all, drawn from a fixed mix:
+CPU-bound prompt node, like a sampler on the CPU).  A prompt thread runs prompts back to back (the loader, then the
+busy node) and times each one; meanwhile ``--clients`` threads send ``--requests`` requests in all, drawn from a fixed mix:
 
 =======================  ============  ===============
 request                  ``searches``  ``no_searches``

@@ -1,5 +1,5 @@
-"""The fleet dashboard's queries, read outside Grafana, the shipped alert names, and the Prometheus helper of
-bench.harness: shared by the offline fleet tests (tests/unit/test_fleet_files.py) and the end-to-end one (tests/real/test_fleet_e2e.py)."""
+"""The fleet dashboard's queries, read outside Grafana, and the shipped alert names: shared by the offline fleet
+tests (tests/unit/test_fleet_files.py, test_fleet_rules.py) and the end-to-end one (tests/real/test_fleet_e2e.py)."""
 
 import json
 import re
@@ -45,10 +45,3 @@ def grafana_free(expr, variables=None):
     for name, value in {**GRAFANA_VARIABLES, **(variables or {})}.items():
         expr = expr.replace(name, value)
     return expr
-
-
-def prom_module():
-    """``bench.harness.prom`` (a real Prometheus on loopback)."""
-    from bench.harness import prom
-
-    return prom

@@ -6,7 +6,7 @@
                          [--json OUT] [--checkpoint FILE] [--port-base P] [--timeout S] [--no-plain]
                          [--work-dir DIR] [--keep]
 
-Standard library only (it drives servers with ``bench.harness.drive`` for starting, driving and stopping servers); the
+Standard library only (``bench.harness.drive`` starts, drives and stops the servers); the
 servers run under ``--python``, an interpreter with the tree's requirements that can import comfy_memx (CI
 installs the wheel there; for a checkout, ``pip install --no-deps -e .`` into it or put it on ``PYTHONPATH``).
 

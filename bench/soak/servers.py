@@ -84,11 +84,10 @@ class Server:
         self.free_thread = None
         self.free_skipped = 0
         self.lock = threading.Lock()
-        d = drive
         comfy_args = prepare_base(base, options.checkpoint_path)
         launcher = "module" if label == "memx" else "plain"
-        argv, extra = d.server_command(options.python, os.path.abspath(options.comfyui), launcher, port, comfy_args)
-        env = d.inherited_env()
+        argv, extra = drive.server_command(options.python, os.path.abspath(options.comfyui), launcher, port, comfy_args)
+        env = drive.inherited_env()
         env.update(extra)
         env["PYTHONUNBUFFERED"] = "1"
         if label == "memx":
@@ -96,7 +95,7 @@ class Server:
             env["COMFY_MEMX_EVENTS"] = events_path
         self.argv = argv
         self.log_path = os.path.join(base, "server.log")
-        self.comfy = d.ComfyServer(argv, os.path.abspath(options.comfyui), env, self.log_path, port)
+        self.comfy = drive.ComfyServer(argv, os.path.abspath(options.comfyui), env, self.log_path, port)
         self.url = self.comfy.base_url
         if events_path and os.path.exists(events_path):
             os.unlink(events_path)  # a reused --work-dir: validate this run's events only
@@ -126,9 +125,8 @@ class Server:
 
 def wait_history(server, prompt_id, deadline):
     """Poll /history/<id> every HISTORY_POLL_S until the prompt completed; return its entry or None."""
-    d = drive
     while time.monotonic() < deadline and server.comfy.alive():
-        status, body = d.http_call("GET", f"{server.url}/history/{prompt_id}", timeout=10.0)
+        status, body = drive.http_call("GET", f"{server.url}/history/{prompt_id}", timeout=10.0)
         if status == 200 and isinstance(body, dict) and prompt_id in body:
             entry = body[prompt_id]
             if entry.get("status", {}).get("completed") is not None or entry.get("outputs"):
@@ -151,9 +149,8 @@ def exec_seconds(entry):
 
 def run_prompt(server, item, deadline, on_submitted=None):
     """Submit one workload prompt and wait for it; returns its record (``ok``, ``e2e_s``, ``exec_s``, ...)."""
-    d = drive
     started = time.monotonic()
-    status, body = d.submit_prompt(server.comfy, item["prompt"], client_id=f"memx-soak-{server.label}")
+    status, body = drive.submit_prompt(server.comfy, item["prompt"], client_id=f"memx-soak-{server.label}")
     prompt_id = body.get("prompt_id") if isinstance(body, dict) else None
     record = {"index": item["index"], "kind": item["kind"], "prompt_id": prompt_id, "ok": False}
     if status != 200 or not prompt_id:
@@ -178,13 +175,12 @@ def run_prompt(server, item, deadline, on_submitted=None):
 
 def poll_loop(server, stop, interval, metrics_path):
     """GET /memx/models and the metrics path every ``interval`` seconds until ``stop`` is set."""
-    d = drive
     while not stop.wait(interval):
         if not server.comfy.alive():
             return
         for key, path in (("models", "/memx/models"), ("metrics", metrics_path)):
             started = time.monotonic()
-            status, body = d.http_call("GET", server.url + path, timeout=30.0)
+            status, body = drive.http_call("GET", server.url + path, timeout=30.0)
             entry = {"status": status, "s": round(time.monotonic() - started, 4)}
             if key == "models" and status == 200 and isinstance(body, list):
                 entry["rows"] = len(body)
@@ -199,12 +195,11 @@ def poll_loop(server, stop, interval, metrics_path):
 
 def post_free(server, index, memx):
     """POST /memx/free (memx) or ComfyUI's /free (plain) with both flags; records the answer."""
-    d = drive
     started = time.monotonic()
     if memx:
-        status, body = d.http_call("POST", f"{server.url}/memx/free?timeout=60", dict(FREE_ALL), timeout=120.0)
+        status, body = drive.http_call("POST", f"{server.url}/memx/free?timeout=60", dict(FREE_ALL), timeout=120.0)
     else:
-        status, body = d.http_call("POST", f"{server.url}/free", dict(FREE_ALL), timeout=30.0)
+        status, body = drive.http_call("POST", f"{server.url}/free", dict(FREE_ALL), timeout=30.0)
     record = {"index": index, "status": status, "s": round(time.monotonic() - started, 3)}
     if memx and isinstance(body, dict):
         record.update(receipt_status=body.get("status"), waited_s=body.get("waited_s"),
@@ -307,7 +302,6 @@ def summarize_server(server, prompts, warmup, memx):
 
 def run_soak(options, log=print):
     """Run the whole soak; returns the report (the servers are always stopped)."""
-    d = drive
     wall_start = time.monotonic()
     deadline = wall_start + options.timeout
     report = {"tool": "bench/soak.py", "comfyui": os.path.abspath(options.comfyui), "python": options.python,
@@ -342,9 +336,9 @@ def run_soak(options, log=print):
         if options.port_base:
             ports = [options.port_base, options.port_base + 1]
         else:
-            ports = [d.free_port(), d.free_port()]
+            ports = [drive.free_port(), drive.free_port()]
             while ports[1] == ports[0]:
-                ports[1] = d.free_port()
+                ports[1] = drive.free_port()
         for label, port in zip(labels, ports):
             base = os.path.join(work, label)
             events = os.path.join(base, "events.jsonl") if label == "memx" else None
@@ -415,7 +409,7 @@ def run_soak(options, log=print):
     report["loadavg_1m_during"] = describe(loadavg)
     for server in servers:
         summary = summarize_server(server, options.prompts, options.warmup, server.label == "memx")
-        summary["log"] = scan_log(d.read_text(server.log_path))
+        summary["log"] = scan_log(drive.read_text(server.log_path))
         if server.label == "memx":
             summary["events"] = validate_event_file(server.events_path)
         summary["stop"] = report.get("stops", {}).get(server.label)
@@ -431,19 +425,18 @@ def run_soak(options, log=print):
 
 def final_checks(memx, plain, options, deadline):
     """End of the run: free everything, then census both servers and read /memx/models once more."""
-    d = drive
     finals = {}
 
     def left(reserve):
         return max(5.0, deadline - reserve - time.monotonic())
 
     wait = min(120.0, left(120.0))
-    status, receipt = d.http_call("POST", f"{memx.url}/memx/free?timeout={wait:.0f}", dict(FREE_ALL),
+    status, receipt = drive.http_call("POST", f"{memx.url}/memx/free?timeout={wait:.0f}", dict(FREE_ALL),
                                   timeout=wait + 30.0)
     finals["free_status"] = status
     finals["receipt"] = receipt if isinstance(receipt, dict) else {"raw": str(receipt)[:2000]}
     if plain is not None:
-        plain_status, _ = d.http_call("POST", f"{plain.url}/free", dict(FREE_ALL), timeout=30.0)
+        plain_status, _ = drive.http_call("POST", f"{plain.url}/free", dict(FREE_ALL), timeout=30.0)
         finals["plain_free_status"] = plain_status
         time.sleep(3.0)  # plain's /free answers before its worker acts; memx's answered after
     nonce = options.prompts + 1
@@ -453,7 +446,7 @@ def final_checks(memx, plain, options, deadline):
         finals[f"census_{server.label}"] = census_from_history(entry) if record["ok"] else None
         if not record["ok"]:
             finals[f"census_{server.label}_error"] = record.get("error")
-    status, rows = d.http_call("GET", f"{memx.url}/memx/models", timeout=30.0)
+    status, rows = drive.http_call("GET", f"{memx.url}/memx/models", timeout=30.0)
     if status == 200 and isinstance(rows, list):
         finals["models_after"] = [{"model_id": r.get("model_id"), "model": r.get("model"), "state": r.get("state"),
                                    "package": (r.get("owner") or {}).get("package")} for r in rows]

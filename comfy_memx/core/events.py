@@ -92,9 +92,6 @@ class EventLog:
         if loop is not None:
             self.avoided_loops.add(loop)
 
-    def _on_avoided_loop(self):
-        return _running_loop_in(self.avoided_loops)
-
     def emit(self, event, **fields):
         """Record one event; returns the dict that was written (or None when nobody listens)."""
         if not self.wanted:
@@ -107,7 +104,7 @@ class EventLog:
                 internal_error(f"event subscriber {getattr(callback, '__name__', callback)!r}", exc)
         if self.path is not None and not self._broken:
             line = json.dumps(record, default=str, separators=(",", ":")) + "\n"
-            if self._on_avoided_loop():
+            if _running_loop_in(self.avoided_loops):
                 self._hand_over(line)
             else:
                 self._write(line)

@@ -8,8 +8,8 @@ route                      method  answer
 =========================  ======  ==============================================================================
 
 Only with ``COMFY_MEMX_HANDOFF=host``; otherwise both answer 404 saying that hand-off is off and which setting
-turns it on (instead of the 405 that ComfyUI answers for an unknown POST path).  They are served on the surface's terms: the same error JSON and guard
-(``surface.routes.guarded``/``guard``), the same access rules (``surface.access``), bodies read by ``surface.bodies``
+turns it on (instead of the 405 that ComfyUI answers for an unknown POST path).  They are served on the surface's
+terms: the same error JSON and guard (``surface.routes.guarded``/``guard``), the same access rules (``surface.access``), bodies read by ``surface.bodies``
 and the blocking work on ``gate.work()``.
 """
 

@@ -25,13 +25,13 @@ import time
 
 import pytest
 
-from fleet_queries import alert_names, dashboard_exprs, grafana_free, prom_module
+from bench.harness import prom
+from fleet_queries import alert_names, dashboard_exprs, grafana_free
 from test_real_comfyui import (PYTHON_ENV, TREES_ENV, configured_python, configured_trees, drive)
 
 from comfy_memx import fleet
 from comfy_memx.core.comfyui import version_of_tree
 
-prom = prom_module()
 VERSION = "0.33.0"
 HOLDER = "memx_test_nodes"      # the pack whose MemxLeakyCache keeps the leaked module (and whose loader loaded it)
 UNLOADER_PACK = "memx_unload_nodes"

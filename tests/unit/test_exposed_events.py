@@ -150,7 +150,7 @@ def test_events_emitted_on_the_server_loop_are_written_by_another_thread(tmp_pat
     real_write = EventLog._write
 
     def spy(self, line):
-        writers.append(self._on_avoided_loop())
+        writers.append(eventsmod._running_loop_in(self.avoided_loops))
         return real_write(self, line)
     monkeypatch.setattr(EventLog, "_write", spy)
 

@@ -12,8 +12,9 @@ import pytest
 from comfy_memx import fleet
 from comfy_memx.cli import fleet as fleet_cli
 from comfy_memx.surface import metrics
+from bench.harness import prom
 from fleet_queries import (GRAFANA_VARIABLES, dashboard_exprs, data_panels, grafana_free,  # noqa: F401
-                           load_dashboard, prom_module)
+                           load_dashboard)
 
 prometheus_parser = pytest.importorskip("prometheus_client.parser")
 
@@ -142,7 +143,7 @@ def test_the_rules_and_the_dashboard_ask_only_for_metrics_that_comfy_memx_export
 
 def test_dashboard_queries_are_valid_promql(tmp_path):
     """Every query, with Grafana's interval variables replaced, as a recording rule checked by promtool."""
-    promtool = prom_module().find_binary("promtool")
+    promtool = prom.find_binary("promtool")
     if promtool is None:
         pytest.skip("promtool is not installed (apt-get install prometheus)")
     lines = ["groups:", "  - name: dashboard", "    rules:"]

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from comfy_memx import fleet
-from fleet_queries import alert_names, prom_module
+from bench.harness import prom
+from fleet_queries import alert_names
 
 HERE = Path(__file__).resolve().parents[1]  # tests/
 ROOT = HERE.parent
@@ -21,7 +22,7 @@ UNIT_TESTS = HERE / "fleet" / "alerts_test.yml"
 
 
 def promtool():
-    found = prom_module().find_binary("promtool")
+    found = prom.find_binary("promtool")
     if found is None:
         pytest.skip("promtool is not installed (apt-get install prometheus, or set COMFY_MEMX_PROMETHEUS)")
     return found

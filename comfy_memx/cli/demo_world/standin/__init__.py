@@ -42,7 +42,7 @@ def write_tree(dest, version="v0_27_0"):
     source = os.path.join(HERE, version)
     for folder, _dirs, files in os.walk(source):
         for name in files:
-            if not name.endswith(".py") or folder == source and name == "__init__.py":
+            if not name.endswith(".py") or (folder == source and name == "__init__.py"):
                 continue
             relative = os.path.relpath(os.path.join(folder, name), source)
             part = f"{version}/{os.path.splitext(relative)[0].replace(os.sep, '/')}"
