@@ -1,6 +1,7 @@
 // comfy_memx memory panel: what the ComfyUI sidebar tab (memx_panel.js) and the standalone page /memx/ show.
 // No ComfyUI import here, nothing loaded from the internet: plain DOM and SVG, data from comfy_memx's routes
-// (/memx/models, /memx/status, /memx/timeline, POST /memx/free) and ComfyUI's /system_stats.  Polls every
+// (/memx/models, /memx/status, /memx/timeline, POST /memx/free, POST /memx/models/{id}/release) and ComfyUI's
+// /system_stats.  Polls every
 // POLL_MS only while the panel is in the page and the page is visible.  Every text from the server goes through
 // textContent, never through innerHTML.
 
@@ -38,6 +39,7 @@ const STYLE = `
 .memx-panel .memx-kv > :nth-child(odd) { color: var(--descrip-text, #999); }
 .memx-panel code, .memx-panel .memx-chain { font-family: ui-monospace, monospace; font-size: 11.5px;
   word-break: break-all; }
+.memx-panel .memx-ok { color: #3d9a50; font-weight: 600; }
 .memx-panel .memx-fix { border-left: 3px solid var(--p-primary-color, #4e9af1); padding-left: 6px; margin-top: 3px; }
 .memx-panel button, .memx-panel input { font: inherit; color: var(--input-text, #ddd);
   background: var(--comfy-input-bg, #333); border: 1px solid var(--border-color, #4e4e4e); border-radius: 4px;
@@ -132,7 +134,7 @@ export function mountPanel(root, options = {}) {
   }
   const state = { models: [], status: null, stats: null, entries: [], started: null, next: 0, now: null,
                   error: null, updated: null, receipt: null, freeing: false, freeError: null, timer: null,
-                  busy: false, token: readToken() };
+                  busy: false, token: readToken(), releasing: null, released: null };
   const parts = {
     head: el("div", { class: "memx-head" }),
     error: el("div", { class: "memx-error", role: "alert", "data-memx": "error" }),
@@ -282,13 +284,31 @@ export function mountPanel(root, options = {}) {
       chain.suggestion ? el("div", { class: "memx-fix", "data-memx": "fix" }, `Fix: ${chain.suggestion}`) : null));
   }
 
+  function releaseControl(row) {
+    const release = row.release;
+    if (!release) return null;
+    if (release.policy === "off" || !release.possible) {
+      const why = release.policy === "off"
+        ? "Release is off (COMFY_MEMX_RELEASE); start ComfyUI with COMFY_MEMX_RELEASE=ask to release from here."
+        : `Release is not possible: ${release.why || "the holder is not a cache comfy_memx can cut"}`;
+      return el("div", { class: "memx-muted", "data-memx": "release-why" }, why);
+    }
+    const waiting = state.releasing === row.model_id;
+    return el("div", { class: "memx-row" },
+      el("button", { type: "button", "data-memx": "release-button", disabled: state.releasing !== null,
+                     onclick: () => releaseModel(row) }, waiting ? "Releasing…" : "Release"),
+      el("span", { class: "memx-muted" },
+         `drops the model from ${row.leak.holder_package || "the pack"}'s cache so its memory can be freed`));
+  }
+
   function drawLeaks() {
     const leaked = state.models.filter((row) => row.leak);
+    const released = state.released ? [drawReleased(state.released)] : [];
     if (!leaked.length) {
-      parts.leaks.replaceChildren(el("div", { class: "memx-muted" }, "no leaked model"));
+      parts.leaks.replaceChildren(...released, el("div", { class: "memx-muted" }, "no leaked model"));
       return;
     }
-    parts.leaks.replaceChildren(...leaked.map((row) => {
+    parts.leaks.replaceChildren(...released, ...leaked.map((row) => {
       const search = row.leak.search || {};
       const chains = chainList(row.leak);
       return el("div", { class: "memx-card memx-leaked", "data-memx": "leak", "data-model-id": row.model_id },
@@ -296,8 +316,59 @@ export function mountPanel(root, options = {}) {
         el("div", { class: "memx-muted" },
            `${row.leak.stage || "leaked"} · held by ${row.leak.holder_package || "?"} · loaded by ${who(row.owner)}`),
         chains.length ? chains : el("div", { class: "memx-muted" },
-          `holder not found yet (search: ${search.result || search.note || "pending"})`));
+          `holder not found yet (search: ${search.result || search.note || "pending"})`),
+        releaseControl(row));
     }));
+  }
+
+  async function releaseModel(row) {
+    state.releasing = row.model_id; drawLeaks();
+    let answer = { status: 0, body: null };
+    try {
+      const response = await fetch(url(`/memx/models/${encodeURIComponent(row.model_id)}/release`), {
+        method: "POST", headers: guardedHeaders(), body: JSON.stringify(row.release.path ? { path: row.release.path } : {}) });
+      answer = { status: response.status, body: await response.json().catch(() => null) };
+    } catch (error) {
+      answer.body = { message: error.message };
+    } finally {
+      state.releasing = null;
+    }
+    state.released = { model_id: row.model_id, ...answer };
+    drawLeaks();
+    refresh();
+  }
+
+  function releaseLines({ status, body }) {
+    const receipt = (body && body.release) || {};
+    const message = (body && body.message) || "", error = body && body.error;
+    const holder = `${receipt.package || "?"} (${receipt.cut || receipt.path || "?"})`;
+    if (status === 200 && receipt.outcome === "survivor") {
+      const next = receipt.next_holder || {};
+      return ["note", `Cut ${receipt.cut || "?"}, but the model is still held by ${next.path || "?"} (${next.package || "?"})`,
+              next.suggestion ? `Fix: ${next.suggestion}` : null];
+    }
+    if (status === 200) {
+      return ["ok", `Released ${formatBytes(receipt.bytes)} held by ${holder}; the pack will rebuild it when it needs it again.`,
+              receipt.died ? "The model is gone from memory." : "The model is still in memory: something else refers to it."];
+    }
+    if (status === 409 && error === "changed") return ["error", "The cache changed since the search; nothing was cut. Search again."];
+    if (status === 409) return ["error", "In use by a running prompt; try after it finishes.", receipt.reason];
+    if (status === 422) return ["error", message || "This holder is not a cache that is safe to cut.", receipt.fix ? `Fix: ${receipt.fix}` : null];
+    if (status === 403 && error === "forbidden") {
+      return ["error", message, "From another machine, enter the server's COMFY_MEMX_TOKEN below (Free)."];
+    }
+    return ["error", `Release failed${status ? ` (${status})` : ""}: ${message || "no answer"}`];
+  }
+
+  function drawReleased(released) {
+    const [kind, first, ...more] = releaseLines(released);
+    const memory = ((released.body || {}).release || {}).memory;
+    return el("div", { class: "memx-card", "data-memx": "release-receipt", "data-model-id": released.model_id },
+      el("div", { class: "memx-name" }, `Release of ${released.model_id}`),
+      el("div", { class: { ok: "memx-ok", error: "memx-error" }[kind], role: "status" }, first),
+      ...more.filter(Boolean).map((line) => el("div", { class: line.startsWith("Fix:") ? "memx-fix" : "memx-muted" }, line)),
+      memory && memory.before && memory.after ? el("div", { class: "memx-muted" },
+        `Process memory: ${formatBytes(memory.before.rss)} before, ${formatBytes(memory.after.rss)} after`) : null);
   }
 
   function modelLines(entries, rows, start, end) {
@@ -384,12 +455,16 @@ export function mountPanel(root, options = {}) {
         (state.dropped ? ` (${state.dropped} older entries dropped)` : "")));
   }
 
+  function guardedHeaders() {   // the token, when one was entered, for the routes that need loopback or it
+    const headers = { "Content-Type": "application/json" };
+    if (state.token) headers[TOKEN_HEADER] = state.token;
+    return headers;
+  }
+
   async function free() {
     state.freeing = true; state.freeError = null; drawFree();
     try {
-      const headers = { "Content-Type": "application/json" };
-      if (state.token) headers[TOKEN_HEADER] = state.token;
-      const response = await fetch(url("/memx/free"), { method: "POST", headers,
+      const response = await fetch(url("/memx/free"), { method: "POST", headers: guardedHeaders(),
         body: JSON.stringify({ unload_models: true, free_memory: true }) });
       if (response.status === 403) {
         state.freeError = `Refused (${await errorText(response)}). From another machine, enter the server's ` +

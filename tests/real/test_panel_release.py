@@ -1,0 +1,228 @@
+"""The memory panel's Release button in real Chromium (Debian's ``chromium`` driven by Playwright, as
+``test_panel_browser.py``).
+
+Two parts.  First the panel alone, on comfy_memx's own page files (the installed package's ``web/`` folder) with
+comfy_memx's routes answered by Playwright: every answer of ``POST /memx/models/{id}/release`` that a real server is
+hard to lead into (a survivor, the cache changed, in use, not releasable, refused) must read right, and the button
+must wait for its answer.  Needs Chromium only, no ComfyUI.
+
+Then real ComfyUI with ``COMFY_MEMX_RELEASE=ask``, on every tree and install kind the panel is tested on: the
+innocent ``memx_utility_belt`` loads two models, ``memx_style_mixer`` keeps one in a class-level dict,
+``memx_hook_hub`` the other in a callback's closure.  Chromium opens ComfyUI's Memory tab: the class cache has a
+Release button, the callback registry has none and says why; a click cuts the dict entry, the panel shows the
+receipt naming the cut, the model leaves the panel and ``/memx/models``.  Screenshots go to ``MEMX_SCREENSHOTS``.
+"""
+
+import json
+import os
+import time
+from urllib.parse import unquote, urlsplit
+
+import pytest
+
+from memx_helpers import load_module
+from test_panel_browser import (CHROMIUM, NOT_SHOWN, TAB_BUTTON, WAIT_MS, _playwright, _shot,  # noqa: F401
+                                browser_cases, comfyuis_own, first_run_done, needs_chromium, node_pack_copy,
+                                screenshot_dir, set_palette, wait_until, watched)
+from test_real_comfyui import (configured_python, drive, memx_importable_by_real_python,  # noqa: F401
+                               needs_real_comfyui, ready, run_session, where)
+
+pytestmark = [pytest.mark.real, pytest.mark.browser]
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+culprit = load_module("memx_real_culprit", os.path.join(HERE, "real_comfy", "culprit.py"))
+
+# -- the panel alone, comfy_memx's routes answered by the test ---------------------------------------------------
+
+STUB_BASE = "http://127.0.0.1:19517"
+MIB = 1024 * 1024
+CUT = "memx_style_mixer.StyleMixer._cache[(1328, 1328)]"
+KEPT_ID = "MemxTinyNet#3"
+HOOKED_ID = "MemxTinyNet#4"
+NEXT_HOLDER = {"path": "memx_list_keeper.MODELS[0]", "package": "memx_list_keeper", "pattern": "appended_list",
+               "suggestion": "remove the model from MODELS once the node is done with it"}
+CALLBACK_WHY = "a callback registry: the pack must unregister its callback"
+
+
+def leak_row(model_id, package, path, pattern, release):
+    """One leaked row of ``/memx/models`` as the contract shapes it."""
+    holder = {"path": path, "package": package, "pattern": pattern, "suggestion": f"let {package} drop it"}
+    return {"model_id": model_id, "name": "MemxTinyNet", "state": "leaked", "bytes": 3 * MIB, "loaded_bytes": 0,
+            "bytes_by_device": {}, "loads": 1, "reloads": 0,
+            "owner": {"package": culprit.LOADER, "class_type": culprit.LOADER_NODE, "node_id": "2"},
+            "leak": {"stage": "rooted", "holder_package": package, "holder": holder, "referrers": [holder]},
+            "release": release}
+
+
+def stub_rows(policy="ask"):
+    """A class-cache leak that can be released (unless ``policy`` is off) and a callback registry that cannot."""
+    off = policy == "off"
+    return [leak_row(KEPT_ID, "memx_style_mixer", CUT, "class_cache",
+                     {"policy": policy, "possible": not off, "why": "release is off" if off else None, "path": CUT}),
+            leak_row(HOOKED_ID, "memx_hook_hub", "memx_hook_hub.CALLBACKS[0] -> closure 'model'", "callback_registry",
+                     {"policy": policy, "possible": False, "why": CALLBACK_WHY, "path": None})]
+
+
+def receipt(outcome, **fields):
+    """A release receipt of the kept model with ``fields`` over the defaults."""
+    base = {"model": "MemxTinyNet", "model_id": KEPT_ID, "trigger": "http", "outcome": outcome,
+            "package": "memx_style_mixer", "pattern": "class_cache", "path": CUT, "cut": None, "method": None,
+            "other_entries_dropped": 0, "bytes": 3 * MIB, "died": False, "next_holder": None, "reason": None,
+            "fix": None, "time": time.time(),
+            "memory": {"before": {"rss": 900 * MIB, "vram": 0, "pinned": 0},
+                       "after": {"rss": 897 * MIB, "vram": 0, "pinned": 0}}}
+    return {**base, **fields}
+
+
+#: answer name -> (HTTP status, body, whether the row leaves /memx/models, texts the receipt must show)
+ANSWERS = {
+    "released": (200, {"model": "MemxTinyNet", "model_id": KEPT_ID,
+                       "release": receipt("released", cut=CUT, method="dict_entry", died=True)}, True,
+                 [f"Released 3.00 MiB held by memx_style_mixer ({CUT}); the pack will rebuild it when it needs it "
+                  "again.", "The model is gone from memory.", "900.0 MiB before, 897.0 MiB after"]),
+    "survivor": (200, {"model": "MemxTinyNet", "model_id": KEPT_ID,
+                       "release": receipt("survivor", cut=CUT, method="dict_entry", next_holder=NEXT_HOLDER)}, False,
+                 [f"Cut {CUT}, but the model is still held by memx_list_keeper.MODELS[0] (memx_list_keeper)",
+                  f"Fix: {NEXT_HOLDER['suggestion']}"]),
+    "changed": (409, {"error": "changed", "message": "the cache changed since the search",
+                      "release": receipt("changed", reason="the entry is not in the dict any more")}, False,
+                ["The cache changed since the search; nothing was cut. Search again."]),
+    "in_use": (409, {"error": "in_use", "message": "in use", "release": receipt(
+                   "in_use", reason="prompt 7f3c is running with this model")}, False,
+               ["In use by a running prompt; try after it finishes.", "prompt 7f3c is running with this model"]),
+    "not_releasable": (422, {"error": "not_releasable", "message": "ComfyUI's own cache holds the model",
+                             "release": receipt("refused", fix="let ComfyUI's cache drop it: run another prompt")},
+                       False, ["ComfyUI's own cache holds the model",
+                               "Fix: let ComfyUI's cache drop it: run another prompt"]),
+    "forbidden": (403, {"error": "forbidden", "message": "loopback or COMFY_MEMX_TOKEN only"}, False,
+                  ["loopback or COMFY_MEMX_TOKEN only", "enter the server's COMFY_MEMX_TOKEN below"]),
+}
+
+
+class StubServer:
+    """comfy_memx's page files from the installed package and its routes answered from ``rows``; the release
+    route answers ``answer`` (HTTP status, body, whether the row goes), or is held in ``held`` when ``hold``."""
+
+    def __init__(self, page, rows, answer=None, hold=False):
+        from comfy_memx.surface.panel import WEB_DIR
+        self.web_dir, self.rows, self.answer, self.hold = WEB_DIR, rows, answer, hold
+        self.releases, self.held = [], []
+        page.route(STUB_BASE + "/**", self.handle)
+
+    def handle(self, route):
+        request = route.request
+        path = urlsplit(request.url).path
+        if path == "/memx/":
+            return self.file(route, "page.html", "text/html")
+        if path.startswith("/memx/web/"):
+            return self.file(route, os.path.basename(path), "text/javascript")
+        if path.endswith("/release") and request.method == "POST":
+            self.releases.append({"model_id": unquote(path.split("/")[3]), "raw_path": path,
+                                  "body": json.loads(request.post_data or "{}"), "headers": request.headers})
+            return self.held.append(route) if self.hold else self.give(route)
+        answers = {"/memx/models": self.rows, "/memx/status": {"version": "test", "source": "stub", "leak_mode": "strict"},
+                   "/memx/timeline": {"started": 1.0, "next": 0, "now": time.time(), "entries": [], "dropped": 0},
+                   "/system_stats": {"system": {"ram_total": 16 << 30, "ram_free": 8 << 30}, "devices": []}}
+        route.fulfill(status=200, content_type="application/json", body=json.dumps(answers.get(path, {})))
+
+    def give(self, route):
+        status, body, goes, _ = self.answer
+        if goes:
+            self.rows[:] = [row for row in self.rows if row["model_id"] != KEPT_ID]
+        route.fulfill(status=status, content_type="application/json", body=json.dumps(body))
+
+    def file(self, route, name, kind):
+        with open(os.path.join(self.web_dir, name), "rb") as handle:
+            route.fulfill(status=200, content_type=kind, body=handle.read())
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    """One Chromium for the stub tests."""
+    with _playwright()() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def stub_page(chromium):
+    """``stub_page(rows, answer=None, hold=False)`` -> (page, its StubServer, what it logged), the page at /memx/
+    with both leak cards drawn."""
+    context = chromium.new_context(viewport={"width": 900, "height": 900})
+    seen = {"console": [], "page_errors": [], "failed": []}
+
+    def open_page(rows, answer=None, hold=False):
+        page = watched(context.new_page(), seen)
+        server = StubServer(page, rows, answer, hold)
+        page.goto(STUB_BASE + "/memx/", wait_until="load")
+        page.locator(f"[data-memx=leak][data-model-id='{HOOKED_ID}']").wait_for(timeout=WAIT_MS)
+        return page, server, seen
+
+    yield open_page
+    context.close()
+
+
+def leak_card(page, model_id):
+    return page.locator(f"[data-memx=leak][data-model-id='{model_id}']")
+
+
+def receipt_text(page):
+    found = page.locator("[data-memx=release-receipt]")
+    found.wait_for(timeout=WAIT_MS)
+    return found.inner_text()
+
+
+@needs_chromium
+def test_only_a_releasable_holder_has_a_release_button_and_the_other_says_why(stub_page):
+    page, _, seen = stub_page(stub_rows("ask"))
+    assert leak_card(page, KEPT_ID).locator("[data-memx=release-button]").inner_text() == "Release"
+    assert leak_card(page, KEPT_ID).locator("[data-memx=release-why]").count() == 0
+    hooked = leak_card(page, HOOKED_ID)
+    assert hooked.locator("[data-memx=release-button]").count() == 0
+    assert hooked.locator("[data-memx=release-why]").inner_text() == f"Release is not possible: {CALLBACK_WHY}"
+    assert seen["page_errors"] == [] and seen["console"] == [], seen
+
+
+@needs_chromium
+def test_with_release_off_no_card_has_a_button_and_each_says_release_is_off(stub_page):
+    page, _, _ = stub_page(stub_rows("off"))
+    assert page.locator("[data-memx=release-button]").count() == 0
+    lines = page.locator("[data-memx=release-why]").all_inner_texts()
+    assert len(lines) == 2 and all(line.startswith("Release is off (COMFY_MEMX_RELEASE)") for line in lines), lines
+    assert "COMFY_MEMX_RELEASE=ask" in lines[0], lines
+
+
+@needs_chromium
+def test_the_button_waits_for_its_answer_and_asks_for_the_quoted_model_and_its_holder(stub_page):
+    page, server, _ = stub_page(stub_rows("ask"), ANSWERS["released"], hold=True)
+    button = leak_card(page, KEPT_ID).locator("[data-memx=release-button]")
+    button.click()
+    wait_until(lambda: server.held, 30, "the release request")
+    assert button.is_disabled() and button.inner_text() == "Releasing…"
+    [asked] = server.releases
+    assert asked["raw_path"] == "/memx/models/MemxTinyNet%233/release" and asked["model_id"] == KEPT_ID, asked
+    assert asked["body"] == {"path": CUT}, asked
+    server.give(server.held.pop())
+    assert "Released 3.00 MiB" in receipt_text(page)
+
+
+@needs_chromium
+@pytest.mark.parametrize("name", sorted(ANSWERS))
+def test_each_answer_reads_right_and_the_list_is_read_again(name, stub_page):
+    answer = ANSWERS[name]
+    status, _, goes, texts = answer
+    page, server, seen = stub_page(stub_rows("ask"), answer)
+    leak_card(page, KEPT_ID).locator("[data-memx=release-button]").click()
+    shown = receipt_text(page)
+    for text in texts:
+        assert text in shown, (text, shown)
+    assert KEPT_ID in shown and not NOT_SHOWN.intersection(shown.split()), shown
+    if goes:   # read again: the row went from the panel, the receipt stays
+        leak_card(page, KEPT_ID).wait_for(state="detached", timeout=WAIT_MS)
+        assert page.locator(f"[data-memx=model][data-model-id='{KEPT_ID}']").count() == 0
+    else:      # the card stays with its button, ready for another try
+        assert leak_card(page, KEPT_ID).locator("[data-memx=release-button]").is_enabled()
+    assert len(server.releases) == 1 and seen["page_errors"] == [], (server.releases, seen)
+    failed = [c for c in seen["console"] if not c["text"].startswith("Failed to load resource")]
+    assert failed == [] and len(seen["console"]) == (status >= 400), seen["console"]
