@@ -35,9 +35,12 @@ QUIET_S = 5               # seconds of listening for the panel's requests: two p
 #: install kinds: the launcher (``python -m comfy_memx main.py``), ComfyUI's plain ``python main.py`` with
 #: ``COMFY_MEMX=1`` (the installed package's .pth line), and this repository cloned into custom_nodes/ started with
 #: ComfyUI's plain ``python main.py`` (the node pack)
-KINDS = {"launcher": {"launcher": "module", "env": {"COMFY_MEMX_LEAK_MODE": "strict"}, "node_pack": False},
-         "env": {"launcher": "env", "env": {"COMFY_MEMX_LEAK_MODE": "strict"}, "node_pack": False},
-         "node_pack": {"launcher": "plain", "env": {"COMFY_MEMX_LEAK_MODE": "strict"}, "node_pack": True}}
+#: ``COMFY_MEMX_RELEASE=off`` (the default, named): no Release button, the leak says why
+#: (``test_panel_release.py`` clicks the button under ``ask``)
+SERVER_ENV = {"COMFY_MEMX_LEAK_MODE": "strict", "COMFY_MEMX_RELEASE": "off"}
+KINDS = {"launcher": {"launcher": "module", "env": SERVER_ENV, "node_pack": False},
+         "env": {"launcher": "env", "env": SERVER_ENV, "node_pack": False},
+         "node_pack": {"launcher": "plain", "env": SERVER_ENV, "node_pack": True}}
 REPO = os.path.dirname(HERE)
 PACK_FILES = ("__init__.py", "pyproject.toml", "comfy_memx", "patches")
 WAIT_MS = 60000
@@ -113,7 +116,8 @@ def panel_view(page):
         const svg = panel.querySelector('svg.memx-timeline');
         const style = getComputedStyle(panel);
         return {models: byId('[data-memx=model]'), leaks: byId('[data-memx=leak]'),
-                fixes: text('[data-memx=leak] [data-memx=fix]'),
+                fixes: text('[data-memx=leak] [data-memx=fix]'), release_why: text('[data-memx=release-why]'),
+                release_buttons: panel.querySelectorAll('[data-memx=release-button]').length,
                 memory: panel.querySelector('[data-memx=memory]').innerText,
                 error: panel.querySelector('[data-memx=error]').innerText, all: panel.innerText,
                 receipt: text('[data-memx=receipt]'), survivors: text('[data-memx=survivor]'),
@@ -325,6 +329,16 @@ def test_the_panel_names_the_leaked_model_its_holder_package_and_fix(tree, kind,
     assert set(view["models"]) == set(seen["rows_first"]), (view["models"], seen["rows_first"])
     assert "RAM" in view["memory"] and "Pinned" in view["memory"], view["memory"]
     assert not NOT_SHOWN.intersection(view["all"].split()), view["all"]
+
+
+@browser_test
+def test_with_release_off_the_leak_has_no_release_button_and_says_release_is_off(tree, kind, browser_session):
+    session, seen = seen_of(browser_session, tree, kind)
+    view = seen["first"]
+    assert seen["leak_row"]["release"]["policy"] == "off", (seen["leak_row"], where(session))
+    assert view["release_buttons"] == 0, view
+    assert len(view["release_why"]) == 1 and view["release_why"][0].startswith("Release is off (COMFY_MEMX_RELEASE)")
+    assert view["release_why"][0] in view["leaks"][seen["leak_row"]["model_id"]], view["leaks"]
 
 
 @browser_test

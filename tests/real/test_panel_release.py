@@ -226,3 +226,156 @@ def test_each_answer_reads_right_and_the_list_is_read_again(name, stub_page):
     assert len(server.releases) == 1 and seen["page_errors"] == [], (server.releases, seen)
     failed = [c for c in seen["console"] if not c["text"].startswith("Failed to load resource")]
     assert failed == [] and len(seen["console"]) == (status >= 400), seen["console"]
+
+
+# -- real ComfyUI, COMFY_MEMX_RELEASE=ask ------------------------------------------------------------------------
+
+CACHE_HOLDER, CALLBACK_HOLDER = "memx_style_mixer", "memx_hook_hub"
+RELEASE_PACKS = [drive.NODE_PACK_NAME, culprit.pack_dir(culprit.LOADER), culprit.pack_dir(CACHE_HOLDER),
+                 culprit.pack_dir(CALLBACK_HOLDER)]
+RELEASE_ENV = {"COMFY_MEMX_LEAK_MODE": "strict", "COMFY_MEMX_RELEASE": "ask"}
+#: install kind -> launcher and whether this checkout goes into custom_nodes/ (as test_panel_browser.KINDS)
+LAUNCHERS = {"launcher": ("module", False), "env": ("env", False), "node_pack": ("plain", True)}
+
+
+def keep_prompt(name, holder):
+    """The utility belt loads a new model, ``holder``'s keeper node keeps it."""
+    return {"1": drive.loader_node(name),
+            "2": {"class_type": culprit.LOADER_NODE, "inputs": {"model": ["1", 0]}},
+            "3": {"class_type": culprit.HOLDERS[holder][0], "inputs": {"model": ["2", 0]}}}
+
+
+def named_leaks(session):
+    """The /memx/models rows of both kept models keyed by holder package, once both holders are named and their
+    release rows written; else None."""
+    rows = session.request("models", "GET", "/memx/models")["body"]
+    found = {(row.get("leak") or {}).get("holder_package"): row for row in rows if isinstance(rows, list)
+             and isinstance(row, dict) and row.get("release")}
+    return found if {CACHE_HOLDER, CALLBACK_HOLDER} <= set(found) else None
+
+
+def model_ids(session):
+    return [row["model_id"] for row in session.request("models", "GET", "/memx/models")["body"]]
+
+
+def card_texts(page, kind):
+    """``{model id: text}`` of the panel's cards of ``kind`` (leak, model)."""
+    return page.evaluate("""(kind) => Object.fromEntries([...document.querySelectorAll(`[data-memx=${kind}]`)]
+        .map((node) => [node.dataset.modelId, node.innerText]))""", kind)
+
+
+def run_release(session, shots, label):
+    """Both leaks, then the panel in Chromium: what the cards show, the click, the receipt, the lists after."""
+    seen = session.seen = {"console": [], "page_errors": [], "failed": [], "shots": {}}
+    session.prompt("keep_cache", keep_prompt("memx-release-cached", CACHE_HOLDER))
+    session.prompt("keep_callback", keep_prompt("memx-release-hooked", CALLBACK_HOLDER))
+    for index in range(2):   # new models: ComfyUI checks its loaded list and comfy_memx searches the kept ones
+        session.prompt(f"after_{index}", {"1": drive.loader_node(f"memx-release-after-{index}"),
+                                          "2": drive.sampler_node("1", index)})
+    seen["rows"] = wait_until(lambda: named_leaks(session), 90, "both holders named in /memx/models")
+    cached = seen["rows"][CACHE_HOLDER]["model_id"]
+    with _playwright()() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = watched(browser.new_context(viewport={"width": 1400, "height": 1000}).new_page(), seen)
+            page.goto(session.base_url + "/", wait_until="load")
+            page.locator(TAB_BUTTON).first.click(timeout=WAIT_MS)
+            for holder in (CACHE_HOLDER, CALLBACK_HOLDER):
+                page.locator("[data-memx=leak]", has_text=holder).first.wait_for(timeout=WAIT_MS)
+            for close in page.locator(".p-toast-close-button").all():   # ComfyUI's own notices, over the canvas
+                close.click()
+            set_palette(page, "light")
+            card = page.locator(f"[data-memx=leak][data-model-id='{cached}']")
+            seen["before"] = {"leaks": card_texts(page, "leak"),
+                              "buttons": page.evaluate("""() => [...document.querySelectorAll(
+                                  '[data-memx=leak] [data-memx=release-button]')].map(
+                                  (b) => b.closest('[data-memx=leak]').dataset.modelId)""")}
+            seen["shots"]["before"] = _shot(page, shots, f"{label}-panel-release-button-light.png")
+            card.locator("[data-memx=release-button]").click(timeout=WAIT_MS)
+            shown = page.locator("[data-memx=release-receipt]")
+            shown.wait_for(timeout=WAIT_MS * 2)
+            card.wait_for(state="detached", timeout=WAIT_MS)
+            page.locator(f"[data-memx=model][data-model-id='{cached}']").wait_for(state="detached", timeout=WAIT_MS)
+            shown.scroll_into_view_if_needed()
+            seen["receipt"] = shown.inner_text()
+            seen["after"] = {"leaks": card_texts(page, "leak"), "models": card_texts(page, "model"),
+                             "server": model_ids(session)}
+            seen["shots"]["receipt"] = _shot(page, shots, f"{label}-panel-release-light.png")
+            set_palette(page, "dark")
+            seen["shots"]["receipt_dark"] = _shot(page, shots, f"{label}-panel-release-dark.png")
+        except Exception:
+            for index, open_page in enumerate(browser.contexts[0].pages if browser.contexts else ()):
+                _shot(open_page, session.out, f"failure-{index}.png")
+            raise
+        finally:
+            browser.close()
+    with open(os.path.join(session.out, "release_seen.json"), "w", encoding="utf-8") as handle:
+        json.dump(seen, handle, indent=2, default=str)
+
+
+@pytest.fixture(scope="module")
+def release_session(tmp_path_factory, memx_importable_by_real_python):  # noqa: F811
+    """``release_session(tree, kind)`` -> the stopped session of ``kind`` on ``tree`` with ``seen`` (run once)."""
+    done = {}
+    shots = screenshot_dir(tmp_path_factory)
+
+    def get(tree, kind):
+        if not memx_importable_by_real_python:
+            pytest.skip(f"comfy_memx is not installed for {configured_python()}")
+        if (tree, kind) not in done:
+            launcher, as_node_pack = LAUNCHERS[kind]
+            label = f"{os.path.basename(os.path.normpath(tree))}-{kind}"
+            out = str(tmp_path_factory.mktemp(f"{label}-release"))
+            packs = RELEASE_PACKS + [node_pack_copy(out)] if as_node_pack else RELEASE_PACKS
+            session = drive.Session(tree, configured_python(), out, launcher=launcher, env=RELEASE_ENV, packs=packs)
+            first_run_done(session.base)
+            done[(tree, kind)] = run_session(session, lambda s: run_release(s, shots, label))
+        return ready(done[(tree, kind)])
+
+    return get
+
+
+def release_test(test):
+    """Chromium and real ComfyUI needed, one case per tree and install kind of the panel's browser tests."""
+    for mark in (pytest.mark.parametrize(("tree", "kind"), browser_cases()), needs_real_comfyui, needs_chromium):
+        test = mark(test)
+    return test
+
+
+@release_test
+def test_the_class_cache_has_a_release_button_and_the_callback_registry_says_why_not(tree, kind, release_session):
+    session = release_session(tree, kind)
+    seen = session.seen
+    cached, hooked = (seen["rows"][holder] for holder in (CACHE_HOLDER, CALLBACK_HOLDER))
+    assert cached["release"]["possible"] and not hooked["release"]["possible"], seen["rows"]
+    assert seen["before"]["buttons"] == [cached["model_id"]], (seen["before"], where(session))
+    hooked_card = seen["before"]["leaks"][hooked["model_id"]]
+    why = hooked["release"]["why"]
+    assert why and f"Release is not possible: {why}" in hooked_card, hooked_card
+    assert "Release is not possible" not in seen["before"]["leaks"][cached["model_id"]]
+
+
+@release_test
+def test_release_cuts_the_cache_entry_and_the_model_leaves_the_panel_and_the_server(tree, kind, release_session):
+    session = release_session(tree, kind)
+    seen = session.seen
+    cached, hooked = (seen["rows"][holder]["model_id"] for holder in (CACHE_HOLDER, CALLBACK_HOLDER))
+    shown = seen["receipt"]
+    assert "Released " in shown and f"held by {CACHE_HOLDER} ({culprit.HOLDERS[CACHE_HOLDER][1]})" in shown, shown
+    assert "the pack will rebuild it when it needs it again" in shown and "The model is gone from memory." in shown
+    assert not NOT_SHOWN.intersection(shown.split()), shown
+    assert cached not in seen["after"]["leaks"] and cached not in seen["after"]["models"], seen["after"]
+    assert cached not in seen["after"]["server"], (seen["after"]["server"], where(session))
+    assert hooked in seen["after"]["leaks"] and hooked in seen["after"]["server"], seen["after"]
+
+
+@release_test
+def test_no_error_in_the_browser_console_around_a_release(tree, kind, release_session):
+    session = release_session(tree, kind)
+    seen = session.seen
+    assert seen["page_errors"] == [], seen["page_errors"]
+    assert [f for f in seen["failed"] if "memx" in f] == [], seen["failed"]
+    theirs = [c for c in seen["console"] if not comfyuis_own(c, session.base_url)]
+    assert theirs == [], theirs
+    for name, path in seen["shots"].items():
+        assert os.path.getsize(path) > 10000, (name, path)
