@@ -52,24 +52,26 @@ def book():
     return STATE.part(ReleaseBook)
 
 
-def release(record, trigger, path=None, model_management=None):
+def release(record, trigger, path=None, referrers=None, model_management=None):
     """Cut the holder of leaked model ``record`` (the one at ``path``, default the releasable one its last search
-    found); returns the receipt (``outcome`` says what happened; see the module docstring)."""
+    found; ``referrers``: the holders of a search whose result the record does not keep, a model ComfyUI never warned
+    about); returns the receipt (``outcome`` says what happened; see the module docstring)."""
     mm = model_management if model_management is not None else sys.modules.get("comfy.model_management")
     receipt = _blank(record, trigger)
-    leak = record.leak or {}
-    decision = plans.choose(list(leak.get("referrers") or ()), dict(record.holder_steps), path)
+    if referrers is None:
+        referrers = (record.leak or {}).get("referrers") or ()
+    decision = plans.choose(list(referrers), dict(record.holder_steps), path)
     if decision is None:
-        return _finish(receipt, REFUSED, reason=("no holder at that path (see the model's leak.referrers)"
-                                                 if path is not None else "no holder known yet: search it first"))
+        return _finish(record, receipt, REFUSED, reason=("no holder at that path (see the model's leak.referrers)"
+                                                         if path is not None else "no holder known: search it first"))
     referrer = decision.referrer
     receipt.update(package=referrer.get("holder_package") or referrer.get("package"),
                    pattern=referrer.get("pattern"), path=referrer.get("path"))
     if isinstance(decision, plans.Refusal):
-        return _finish(receipt, REFUSED, reason=decision.why, fix=decision.fix)
+        return _finish(record, receipt, REFUSED, reason=decision.why, fix=decision.fix)
     searches = watch.desk()
     if not searches.running.acquire(timeout=watch.WAIT_FOR_SEARCH_S):
-        return _finish(receipt, BUSY, reason="a holder search of comfy_memx is running; try again in a few seconds")
+        return _finish(record, receipt, BUSY, reason="a holder search of comfy_memx is running; try again shortly")
     try:
         outcome = _cut(record, decision, mm, receipt)
     finally:
@@ -77,7 +79,7 @@ def release(record, trigger, path=None, model_management=None):
     if outcome == SURVIVOR:
         found = watch.search_now(record)
         receipt["next_holder"] = found.get("holder")
-    return _finish(receipt, outcome)
+    return _finish(record, receipt, outcome)
 
 
 def _cut(record, decision, mm, receipt):
@@ -141,7 +143,7 @@ def release_automatically(records):
             continue
         if leak.get("release") == CHANGED:
             watch.search_now(record)
-        leak["release"] = release(record, "auto")["outcome"]
+        release(record, "auto")
 
 
 def _blank(record, trigger):
@@ -151,8 +153,10 @@ def _blank(record, trigger):
             "reason": None, "fix": None, "time": round(time.time(), 6)}
 
 
-def _finish(receipt, outcome, reason=None, fix=None):
+def _finish(record, receipt, outcome, reason=None, fix=None):
     receipt["outcome"] = outcome
+    if record.leak is not None:
+        record.leak["release"] = outcome   # what the read-model shows, and what ``auto`` tries again
     if reason is not None:
         receipt["reason"] = reason
     if fix is not None:

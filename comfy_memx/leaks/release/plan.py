@@ -75,13 +75,14 @@ def choose(referrers, steps_by_path, path=None):
 
 
 def releasable_now(referrers, steps_by_path):
-    """``(possible, why)`` for a read-model row: whether some holder could be cut, else the first reason why not."""
+    """``{"possible", "why", "path"}`` for a read-model row: whether some holder could be cut (and which), else the
+    first reason why not.  String work only: the objects are checked when the release runs."""
     decision = choose(referrers, steps_by_path)
     if decision is None:
-        return False, "no holder found yet (search it first)"
+        return {"possible": False, "why": "no holder found yet (search it first)", "path": None}
     if isinstance(decision, Plan):
-        return True, None
-    return False, decision.why
+        return {"possible": True, "why": None, "path": decision.referrer.get("path")}
+    return {"possible": False, "why": decision.why, "path": decision.referrer.get("path")}
 
 
 def cut_text(steps, cut_at=CUT_AT):
