@@ -321,42 +321,61 @@ export function mountPanel(root, options = {}) {
     }));
   }
 
+  async function postGuarded(path, body) {   // -> { status, body }; status 0 when the server did not answer
+    try {
+      const response = await fetch(url(path), { method: "POST", headers: guardedHeaders(), body: JSON.stringify(body) });
+      return { status: response.status, body: await response.json().catch(() => null) };
+    } catch (error) {
+      return { status: 0, body: { message: error.message } };
+    }
+  }
+
   async function releaseModel(row) {
     state.releasing = row.model_id; drawLeaks();
-    let answer = { status: 0, body: null };
-    try {
-      const response = await fetch(url(`/memx/models/${encodeURIComponent(row.model_id)}/release`), {
-        method: "POST", headers: guardedHeaders(), body: JSON.stringify(row.release.path ? { path: row.release.path } : {}) });
-      answer = { status: response.status, body: await response.json().catch(() => null) };
-    } catch (error) {
-      answer.body = { message: error.message };
-    } finally {
-      state.releasing = null;
-    }
+    const answer = await postGuarded(`/memx/models/${encodeURIComponent(row.model_id)}/release`,
+                                     row.release.path ? { path: row.release.path } : {});
+    state.releasing = null;
     state.released = { model_id: row.model_id, ...answer };
     drawLeaks();
     refresh();
   }
 
-  function releaseLines({ status, body }) {
+  async function searchAgain(modelId) {   // after "changed": a new search finds the cache as it is now
+    state.releasing = modelId; drawLeaks();
+    const answer = await postGuarded(`/memx/models/${encodeURIComponent(modelId)}/search`, {});
+    state.releasing = null;
+    state.released = { model_id: modelId, searched: true, ...answer };
+    drawLeaks();
+    refresh();
+  }
+
+  function releaseLines({ status, body, searched }) {
     const receipt = (body && body.release) || {};
     const message = (body && body.message) || "", error = body && body.error;
-    const holder = `${receipt.package || "?"} (${receipt.cut || receipt.path || "?"})`;
+    if (searched) {
+      return status === 200 ? ["ok", "Searched again: the leak below shows its holder as it is now."]
+                            : ["error", `Search failed${status ? ` (${status})` : ""}: ${message || "no answer"}`];
+    }
     if (status === 200 && receipt.outcome === "survivor") {
-      const next = receipt.next_holder || {};
-      return ["note", `Cut ${receipt.cut || "?"}, but the model is still held by ${next.path || "?"} (${next.package || "?"})`,
-              next.suggestion ? `Fix: ${next.suggestion}` : null];
+      const next = receipt.next_holder;
+      return ["note", `Cut ${receipt.cut || "?"}, but the model is still ` +
+                      (next ? `held by ${next.path} (${next.package || "?"})` : "in memory (no other holder found yet)"),
+              next && next.suggestion ? `Fix: ${next.suggestion}` : null];
     }
     if (status === 200) {
-      return ["ok", `Released ${formatBytes(receipt.bytes)} held by ${holder}; the pack will rebuild it when it needs it again.`,
+      return ["ok", `Released ${formatBytes(receipt.bytes)} held by ${receipt.package || "?"} (${receipt.cut || "?"}); ` +
+                    "the pack will rebuild it when it needs it again.",
               receipt.died ? "The model is gone from memory." : "The model is still in memory: something else refers to it."];
     }
-    if (status === 409 && error === "changed") return ["error", "The cache changed since the search; nothing was cut. Search again."];
-    if (status === 409) return ["error", "In use by a running prompt; try after it finishes.", receipt.reason];
-    if (status === 422) return ["error", message || "This holder is not a cache that is safe to cut.", receipt.fix ? `Fix: ${receipt.fix}` : null];
-    if (status === 403 && error === "forbidden") {
-      return ["error", message, "From another machine, enter the server's COMFY_MEMX_TOKEN below (Free)."];
+    if (error === "changed") return ["error", "The cache changed since the search; nothing was cut. Search again."];
+    if (error === "in_use") {
+      return ["error", "In use by a running prompt or by ComfyUI; nothing was cut. Try after it finishes.", message];
     }
+    if (status === 422) return ["error", message || "This holder is not a cache that is safe to cut.", receipt.fix ? `Fix: ${receipt.fix}` : null];
+    if (status === 403) {
+      return ["error", message, error === "forbidden" ? "From another machine, enter the server's COMFY_MEMX_TOKEN below (Free)." : null];
+    }
+    if (status === 404) return ["note", "The model is no longer in memory; there is nothing to release."];
     return ["error", `Release failed${status ? ` (${status})` : ""}: ${message || "no answer"}`];
   }
 
@@ -367,6 +386,9 @@ export function mountPanel(root, options = {}) {
       el("div", { class: "memx-name" }, `Release of ${released.model_id}`),
       el("div", { class: { ok: "memx-ok", error: "memx-error" }[kind], role: "status" }, first),
       ...more.filter(Boolean).map((line) => el("div", { class: line.startsWith("Fix:") ? "memx-fix" : "memx-muted" }, line)),
+      (released.body || {}).error === "changed" && !released.searched ? el("div", { class: "memx-row" },
+        el("button", { type: "button", "data-memx": "search-again", disabled: state.releasing !== null,
+                       onclick: () => searchAgain(released.model_id) }, "Search again")) : null,
       memory && memory.before && memory.after ? el("div", { class: "memx-muted" },
         `Process memory: ${formatBytes(memory.before.rss)} before, ${formatBytes(memory.after.rss)} after`) : null);
   }

@@ -80,6 +80,9 @@ ANSWERS = {
                        "release": receipt("released", cut=CUT, method="dict_entry", died=True)}, True,
                  [f"Released 3.00 MiB held by memx_style_mixer ({CUT}); the pack will rebuild it when it needs it "
                   "again.", "The model is gone from memory.", "900.0 MiB before, 897.0 MiB after"]),
+    "survivor_unnamed": (200, {"model": "MemxTinyNet", "model_id": KEPT_ID,
+                               "release": receipt("survivor", cut=CUT, method="dict_entry")}, False,
+                         [f"Cut {CUT}, but the model is still in memory (no other holder found yet)"]),
     "survivor": (200, {"model": "MemxTinyNet", "model_id": KEPT_ID,
                        "release": receipt("survivor", cut=CUT, method="dict_entry", next_holder=NEXT_HOLDER)}, False,
                  [f"Cut {CUT}, but the model is still held by memx_list_keeper.MODELS[0] (memx_list_keeper)",
@@ -87,9 +90,21 @@ ANSWERS = {
     "changed": (409, {"error": "changed", "message": "the cache changed since the search",
                       "release": receipt("changed", reason="the entry is not in the dict any more")}, False,
                 ["The cache changed since the search; nothing was cut. Search again."]),
-    "in_use": (409, {"error": "in_use", "message": "in use", "release": receipt(
-                   "in_use", reason="prompt 7f3c is running with this model")}, False,
-               ["In use by a running prompt; try after it finishes.", "prompt 7f3c is running with this model"]),
+    "in_use": (409, {"error": "in_use", "message": "prompt 7f3c, which loaded it, is still running",
+                     "release": receipt("in_use", reason="prompt 7f3c, which loaded it, is still running")}, False,
+               ["In use by a running prompt or by ComfyUI; nothing was cut. Try after it finishes.",
+                "prompt 7f3c, which loaded it, is still running"]),
+    "cut_failed": (409, {"error": "cut_failed", "message": "the dict refused the deletion; nothing was cut",
+                         "release": receipt("failed", reason="the dict refused the deletion; nothing was cut")}, False,
+                   ["Release failed (409): the dict refused the deletion; nothing was cut"]),
+    "gone": (404, {"error": "unknown_model", "message": "the model was freed before the release",
+                   "release": receipt("gone", reason="the model was freed before the release")}, True,
+             ["The model is no longer in memory; there is nothing to release."]),
+    "busy": (429, {"error": "busy", "message": "another holder search is running; retry in 2 s"}, False,
+             ["Release failed (429): another holder search is running; retry in 2 s"]),
+    "release_off": (403, {"error": "release_off", "message": "release is off in this server: start it with "
+                                                             "COMFY_MEMX_RELEASE=ask"}, False,
+                    ["release is off in this server: start it with COMFY_MEMX_RELEASE=ask"]),
     "not_releasable": (422, {"error": "not_releasable", "message": "ComfyUI's own cache holds the model",
                              "release": receipt("refused", fix="let ComfyUI's cache drop it: run another prompt")},
                        False, ["ComfyUI's own cache holds the model",
@@ -106,7 +121,7 @@ class StubServer:
     def __init__(self, page, rows, answer=None, hold=False):
         from comfy_memx.surface.panel import WEB_DIR
         self.web_dir, self.rows, self.answer, self.hold = WEB_DIR, rows, answer, hold
-        self.releases, self.held = [], []
+        self.releases, self.searches, self.held = [], [], []
         page.route(STUB_BASE + "/**", self.handle)
 
     def handle(self, route):
@@ -120,6 +135,10 @@ class StubServer:
             self.releases.append({"model_id": unquote(path.split("/")[3]), "raw_path": path,
                                   "body": json.loads(request.post_data or "{}"), "headers": request.headers})
             return self.held.append(route) if self.hold else self.give(route)
+        if path.endswith("/search") and request.method == "POST":
+            self.searches.append(path)
+            return route.fulfill(status=200, content_type="application/json", body=json.dumps(
+                {"model_id": KEPT_ID, "holders": [self.rows[0]["leak"]["holder"]], "search": {"result": "found"}}))
         answers = {"/memx/models": self.rows, "/memx/status": {"version": "test", "source": "stub", "leak_mode": "strict"},
                    "/memx/timeline": {"started": 1.0, "next": 0, "now": time.time(), "entries": [], "dropped": 0},
                    "/system_stats": {"system": {"ram_total": 16 << 30, "ram_free": 8 << 30}, "devices": []}}
@@ -147,13 +166,15 @@ def chromium():
 
 @pytest.fixture
 def stub_page(chromium):
-    """``stub_page(rows, answer=None, hold=False)`` -> (page, its StubServer, what it logged), the page at /memx/
-    with both leak cards drawn."""
+    """``stub_page(rows, answer=None, hold=False, token=None)`` -> (page, its StubServer, what it logged), the page
+    at /memx/ (with ``token`` in the browser's storage, as the token field keeps it) with both leak cards drawn."""
     context = chromium.new_context(viewport={"width": 900, "height": 900})
     seen = {"console": [], "page_errors": [], "failed": []}
 
-    def open_page(rows, answer=None, hold=False):
+    def open_page(rows, answer=None, hold=False, token=None):
         page = watched(context.new_page(), seen)
+        if token:
+            page.add_init_script(f"localStorage.setItem('comfy_memx.token', {json.dumps(token)})")
         server = StubServer(page, rows, answer, hold)
         page.goto(STUB_BASE + "/memx/", wait_until="load")
         page.locator(f"[data-memx=leak][data-model-id='{HOOKED_ID}']").wait_for(timeout=WAIT_MS)
@@ -194,17 +215,28 @@ def test_with_release_off_no_card_has_a_button_and_each_says_release_is_off(stub
 
 
 @needs_chromium
-def test_the_button_waits_for_its_answer_and_asks_for_the_quoted_model_and_its_holder(stub_page):
-    page, server, _ = stub_page(stub_rows("ask"), ANSWERS["released"], hold=True)
+def test_the_button_waits_for_its_answer_and_asks_for_the_quoted_model_and_its_holder_with_the_token(stub_page):
+    page, server, _ = stub_page(stub_rows("ask"), ANSWERS["released"], hold=True, token="s3cret")
     button = leak_card(page, KEPT_ID).locator("[data-memx=release-button]")
     button.click()
     wait_until(lambda: server.held, 30, "the release request")
     assert button.is_disabled() and button.inner_text() == "Releasing…"
     [asked] = server.releases
     assert asked["raw_path"] == "/memx/models/MemxTinyNet%233/release" and asked["model_id"] == KEPT_ID, asked
-    assert asked["body"] == {"path": CUT}, asked
+    assert asked["body"] == {"path": CUT} and asked["headers"].get("x-memx-token") == "s3cret", asked
     server.give(server.held.pop())
     assert "Released 3.00 MiB" in receipt_text(page)
+
+
+@needs_chromium
+def test_after_the_cache_changed_search_again_searches_the_model_and_release_can_be_tried_again(stub_page):
+    page, server, _ = stub_page(stub_rows("ask"), ANSWERS["changed"])
+    leak_card(page, KEPT_ID).locator("[data-memx=release-button]").click()
+    page.locator("[data-memx=release-receipt] [data-memx=search-again]").click(timeout=WAIT_MS)
+    page.locator("[data-memx=release-receipt]", has_text="Searched again").wait_for(timeout=WAIT_MS)
+    assert server.searches == ["/memx/models/MemxTinyNet%233/search"], server.searches
+    assert page.locator("[data-memx=search-again]").count() == 0
+    assert leak_card(page, KEPT_ID).locator("[data-memx=release-button]").is_enabled()
 
 
 @needs_chromium
