@@ -322,8 +322,10 @@ def run_release(session, shots, label):
                               "buttons": page.evaluate("""() => [...document.querySelectorAll(
                                   '[data-memx=leak] [data-memx=release-button]')].map(
                                   (b) => b.closest('[data-memx=leak]').dataset.modelId)""")}
+            button = card.locator("[data-memx=release-button]")
+            button.scroll_into_view_if_needed(timeout=WAIT_MS)
             seen["shots"]["before"] = _shot(page, shots, f"{label}-panel-release-button-light.png")
-            card.locator("[data-memx=release-button]").click(timeout=WAIT_MS)
+            button.click(timeout=WAIT_MS)
             shown = page.locator("[data-memx=release-receipt]")
             shown.wait_for(timeout=WAIT_MS * 2)
             card.wait_for(state="detached", timeout=WAIT_MS)
