@@ -157,7 +157,7 @@ class StubServer:
 
 @pytest.fixture(scope="module")
 def chromium():
-    """One Chromium for the stub tests."""
+    """One Chromium for this module's tests (Playwright's sync API runs one at a time in a thread)."""
     with _playwright()() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         yield browser
@@ -296,8 +296,8 @@ def card_texts(page, kind):
         .map((node) => [node.dataset.modelId, node.innerText]))""", kind)
 
 
-def run_release(session, shots, label):
-    """Both leaks, then the panel in Chromium: what the cards show, the click, the receipt, the lists after."""
+def run_release(session, browser, shots, label):
+    """Both leaks, then the panel in ``browser``: what the cards show, the click, the receipt, the lists after."""
     seen = session.seen = {"console": [], "page_errors": [], "failed": [], "shots": {}}
     session.prompt("keep_cache", keep_prompt("memx-release-cached", CACHE_HOLDER))
     session.prompt("keep_callback", keep_prompt("memx-release-hooked", CALLBACK_HOLDER))
@@ -306,49 +306,48 @@ def run_release(session, shots, label):
                                           "2": drive.sampler_node("1", index)})
     seen["rows"] = wait_until(lambda: named_leaks(session), 90, "both holders named in /memx/models")
     cached = seen["rows"][CACHE_HOLDER]["model_id"]
-    with _playwright()() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        try:
-            page = watched(browser.new_context(viewport={"width": 1400, "height": 1000}).new_page(), seen)
-            page.goto(session.base_url + "/", wait_until="load")
-            page.locator(TAB_BUTTON).first.click(timeout=WAIT_MS)
-            for holder in (CACHE_HOLDER, CALLBACK_HOLDER):
-                page.locator("[data-memx=leak]", has_text=holder).first.wait_for(timeout=WAIT_MS)
-            for close in page.locator(".p-toast-close-button").all():   # ComfyUI's own notices, over the canvas
-                close.click()
-            set_palette(page, "light")
-            card = page.locator(f"[data-memx=leak][data-model-id='{cached}']")
-            seen["before"] = {"leaks": card_texts(page, "leak"),
-                              "buttons": page.evaluate("""() => [...document.querySelectorAll(
-                                  '[data-memx=leak] [data-memx=release-button]')].map(
-                                  (b) => b.closest('[data-memx=leak]').dataset.modelId)""")}
-            button = card.locator("[data-memx=release-button]")
-            button.scroll_into_view_if_needed(timeout=WAIT_MS)
-            seen["shots"]["before"] = _shot(page, shots, f"{label}-panel-release-button-light.png")
-            button.click(timeout=WAIT_MS)
-            shown = page.locator("[data-memx=release-receipt]")
-            shown.wait_for(timeout=WAIT_MS * 2)
-            card.wait_for(state="detached", timeout=WAIT_MS)
-            page.locator(f"[data-memx=model][data-model-id='{cached}']").wait_for(state="detached", timeout=WAIT_MS)
-            shown.scroll_into_view_if_needed()
-            seen["receipt"] = shown.inner_text()
-            seen["after"] = {"leaks": card_texts(page, "leak"), "models": card_texts(page, "model"),
-                             "server": model_ids(session)}
-            seen["shots"]["receipt"] = _shot(page, shots, f"{label}-panel-release-light.png")
-            set_palette(page, "dark")
-            seen["shots"]["receipt_dark"] = _shot(page, shots, f"{label}-panel-release-dark.png")
-        except Exception:
-            for index, open_page in enumerate(browser.contexts[0].pages if browser.contexts else ()):
-                _shot(open_page, session.out, f"failure-{index}.png")
-            raise
-        finally:
-            browser.close()
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    try:
+        page = watched(context.new_page(), seen)
+        page.goto(session.base_url + "/", wait_until="load")
+        page.locator(TAB_BUTTON).first.click(timeout=WAIT_MS)
+        for holder in (CACHE_HOLDER, CALLBACK_HOLDER):
+            page.locator("[data-memx=leak]", has_text=holder).first.wait_for(timeout=WAIT_MS)
+        for close in page.locator(".p-toast-close-button").all():   # ComfyUI's own notices, over the canvas
+            close.click()
+        set_palette(page, "light")
+        card = page.locator(f"[data-memx=leak][data-model-id='{cached}']")
+        seen["before"] = {"leaks": card_texts(page, "leak"),
+                          "buttons": page.evaluate("""() => [...document.querySelectorAll(
+                              '[data-memx=leak] [data-memx=release-button]')].map(
+                              (b) => b.closest('[data-memx=leak]').dataset.modelId)""")}
+        button = card.locator("[data-memx=release-button]")
+        button.scroll_into_view_if_needed(timeout=WAIT_MS)
+        seen["shots"]["before"] = _shot(page, shots, f"{label}-panel-release-button-light.png")
+        button.click(timeout=WAIT_MS)
+        shown = page.locator("[data-memx=release-receipt]")
+        shown.wait_for(timeout=WAIT_MS * 2)
+        card.wait_for(state="detached", timeout=WAIT_MS)
+        page.locator(f"[data-memx=model][data-model-id='{cached}']").wait_for(state="detached", timeout=WAIT_MS)
+        shown.scroll_into_view_if_needed()
+        seen["receipt"] = shown.inner_text()
+        seen["after"] = {"leaks": card_texts(page, "leak"), "models": card_texts(page, "model"),
+                         "server": model_ids(session)}
+        seen["shots"]["receipt"] = _shot(page, shots, f"{label}-panel-release-light.png")
+        set_palette(page, "dark")
+        seen["shots"]["receipt_dark"] = _shot(page, shots, f"{label}-panel-release-dark.png")
+    except Exception:
+        for index, open_page in enumerate(context.pages):
+            _shot(open_page, session.out, f"failure-{index}.png")
+        raise
+    finally:
+        context.close()
     with open(os.path.join(session.out, "release_seen.json"), "w", encoding="utf-8") as handle:
         json.dump(seen, handle, indent=2, default=str)
 
 
 @pytest.fixture(scope="module")
-def release_session(tmp_path_factory, memx_importable_by_real_python):  # noqa: F811
+def release_session(tmp_path_factory, memx_importable_by_real_python, chromium):  # noqa: F811
     """``release_session(tree, kind)`` -> the stopped session of ``kind`` on ``tree`` with ``seen`` (run once)."""
     done = {}
     shots = screenshot_dir(tmp_path_factory)
@@ -363,7 +362,7 @@ def release_session(tmp_path_factory, memx_importable_by_real_python):  # noqa: 
             packs = RELEASE_PACKS + [node_pack_copy(out)] if as_node_pack else RELEASE_PACKS
             session = drive.Session(tree, configured_python(), out, launcher=launcher, env=RELEASE_ENV, packs=packs)
             first_run_done(session.base)
-            done[(tree, kind)] = run_session(session, lambda s: run_release(s, shots, label))
+            done[(tree, kind)] = run_session(session, lambda s: run_release(s, chromium, shots, label))
         return ready(done[(tree, kind)])
 
     return get
@@ -401,6 +400,10 @@ def test_release_cuts_the_cache_entry_and_the_model_leaves_the_panel_and_the_ser
     assert cached not in seen["after"]["leaks"] and cached not in seen["after"]["models"], seen["after"]
     assert cached not in seen["after"]["server"], (seen["after"]["server"], where(session))
     assert hooked in seen["after"]["leaks"] and hooked in seen["after"]["server"], seen["after"]
+    if session.events_path:   # under comfy_memx's own start (no event log for a node pack's plain main.py)
+        released = [e for e in session.events() if e["event"] == "release"]
+        assert [(e["model_id"], e["trigger"], e["outcome"], e["died"]) for e in released] == [
+            (cached, "http", "released", True)], (released, where(session))
 
 
 @release_test
