@@ -8,27 +8,13 @@ import pytest
 
 from comfy_memx.leaks import holders
 from comfy_memx.leaks.release import walk
+from test_holders import Hostile   # every hook a careless walk would call raises
 
 PACK = "/srv/ComfyUI/custom_nodes/walk_pack"   # ComfyUI registers a pack under its folder path
 
 
 class Model:
     pass
-
-
-class Hostile:
-    """A holder whose dunder methods raise: the walk must never call them."""
-
-    def __init__(self, model):
-        object.__setattr__(self, "held", model)
-
-    def __getattr__(self, name):
-        raise RuntimeError("__getattr__ called")
-
-    def __eq__(self, other):
-        raise RuntimeError("__eq__ called")
-
-    __hash__ = object.__hash__
 
 
 class LoudDict(dict):
@@ -54,7 +40,10 @@ def steps_of(target, path):
 
 def test_a_hostile_holder_is_walked_through_its_dict_and_a_loud_dict_through_dicts_own_get(pack):
     model = Model()
-    pack.KEPT.append(Hostile(model))
+    hostile = Hostile()
+    object.__setattr__(hostile, "held", model)
+    pack.KEPT.append(hostile)
+    del hostile
     steps = steps_of(model, "walk_pack.KEPT[0].held")
     assert [step[0] for step in steps] == ["module", "item", "index", "attr"]
     assert walk.cut(steps, 2, model) == {"method": "list_entry", "other_entries_dropped": 0}
