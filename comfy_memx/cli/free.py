@@ -89,7 +89,11 @@ def format_receipt(receipt):
         lines.append(f"not finished: {receipt.get('note') or 'the prompt worker did not finish freeing in time'}")
     freed = receipt.get("freed") or []
     lines.append(f"freed {len(freed)} model(s): {format_bytes(receipt.get('freed_bytes'))} unloaded from devices, "
-                 f"{format_bytes(receipt.get('released_bytes'))} released")
+                 f"{format_bytes(receipt.get('released_bytes'))} of them gone from memory")
+    if receipt.get("releases"):
+        gone = [row for row in receipt["releases"] if row.get("died")]
+        lines.append(f"released {len(gone)} leaked model(s): {format_bytes(receipt.get('release_bytes'))} given back "
+                     "by cutting their packs' cache entries (below)")
     for row in freed:
         released = "released" if row.get("released") else "still in RAM"
         lines.append(f"  {row.get('model_id')} ({row.get('model')})  {format_bytes(row.get('unloaded_bytes'))} "

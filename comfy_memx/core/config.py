@@ -317,8 +317,8 @@ def parse(environ=None):
                               warnings) from None
     if values.get("release") == "auto" and not values.get("release_packages"):
         raise ConfigError("COMFY_MEMX_RELEASE=auto needs COMFY_MEMX_RELEASE_PACKAGES: the custom-node packages whose "
-                          "caches may be cut automatically (comma list of folder names, or * for every pack)",
-                          warnings)
+                          "caches may be cut automatically (comma list of folder names, or * for every pack; "
+                          "launcher options --release auto --release-packages NAMES)", warnings)
     return Config(**values)
 
 

@@ -381,7 +381,7 @@ def unload_now(queue, origin, timeout):
 
 # -- the receipt -----------------------------------------------------------------------------------------------------
 
-def receipt(request, model_management=None, search_holders=True, trim=False):
+def receipt(request, model_management=None, search_holders=True, trim=False, release=False):
     """The receipt of ``request``: freed, still_loaded, survivors (with holder chains when ``search_holders`` is
     True; a string instead says why they were not searched).
 
@@ -390,7 +390,8 @@ def receipt(request, model_management=None, search_holders=True, trim=False):
     them still alive is kept by something else; after an unload only, a model counts when ComfyUI warned about it
     or no ModelPatcher refers to it any more.  Before the worker is done only the leaked ones are known, and no
     search runs.  ``memory`` tells allocator retention from held bytes (``surface.retention``); ``trim`` runs
-    ``malloc_trim(0)`` first (the route does once the worker is done).
+    ``malloc_trim(0)`` first (the route does once the worker is done).  ``release`` releases each survivor whose
+    search found a holder before the memory is read (``releases``; the bytes of those that died: ``release_bytes``).
     """
     if model_management is None:
         model_management = sys.modules.get("comfy.model_management")
@@ -406,6 +407,7 @@ def receipt(request, model_management=None, search_holders=True, trim=False):
     for survivor, record in survivors:
         survivor["leak"] = leakwatch.public_state(record.leak)
     rows = [survivor for survivor, _ in survivors]
+    released = release_survivors(rows) if release else []
     memory = _memory(request, trim)
     run = request.run
     finished = run.finished if run is not None and run.finished else time.time()
@@ -417,7 +419,8 @@ def receipt(request, model_management=None, search_holders=True, trim=False):
             "freed": freed, "freed_bytes": sum(row["unloaded_bytes"] for row in freed),
             "released_bytes": sum(row["bytes"] for row in freed if row["released"]),
             "still_loaded": loaded, "survivors": rows,
-            "survivor_bytes": sum(row["bytes"] for row in rows), "memory": memory}
+            "survivor_bytes": sum(row["bytes"] for row in rows), "releases": released,
+            "release_bytes": sum(row["bytes"] for row in released if row["died"]), "memory": memory}
 
 
 def _search_survivors(request, survivors):
@@ -441,11 +444,11 @@ def _search_survivors(request, survivors):
         survivor["search"] = {"note": f"not searched: only {MAX_SEARCHED} survivors are searched per request"}
 
 
-def release_survivors(receipt_data):
-    """Release every survivor of a finished receipt whose search found a holder (``leaks.release``): the receipts,
-    in the order of the survivors.  Blocking; each release may search a survivor's next holder."""
+def release_survivors(survivors):
+    """Release every survivor row whose search found a holder (``leaks.release``): the receipts, in the order of
+    the survivors.  Blocking; each release may search a survivor's next holder."""
     done = []
-    for survivor in receipt_data["survivors"]:
+    for survivor in survivors:
         if not survivor.get("holders"):
             continue
         record = next((r for r in STATE.ledger.records() if r.model_id == survivor["model_id"]), None)

@@ -100,7 +100,8 @@ class Handlers:
         of the settings' values beyond the leak mode and the pin cap in force."""
         from comfy_memx._version import __version__
         return _json({"version": __version__, "source": STATE.source, "leak_mode": STATE.config.leak_mode,
-                      "release": STATE.config.release, "sites": registry.site_status(),
+                      "release": STATE.config.release, "release_packages": list(STATE.config.release_packages),
+                      "sites": registry.site_status(),
                       "pins": readmodel.pin_facts()})
 
     async def timeline(self, request):
@@ -243,8 +244,7 @@ def _busy_message(busy):
 def _finish_free(ticket, done, search_holders, release=False):
     """The receipt and the ``free`` event of a finished wait, with the releases of its survivors when ``release``
     (blocking: runs on the work executor, never on the event loop)."""
-    receipt = freeing.receipt(ticket, None, search_holders, done)
-    receipt["releases"] = freeing.release_survivors(receipt) if release else []
+    receipt = freeing.receipt(ticket, None, search_holders, done, release=release)
     freeing.record_free(ticket, receipt)
     return receipt
 

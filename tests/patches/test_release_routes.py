@@ -114,8 +114,11 @@ def test_free_with_release_cuts_the_survivors_and_the_cli_says_so(version, tmp_p
     assert status == 200 and [s["model_id"] for s in receipt["survivors"]] != []
     [released] = receipt["releases"]
     assert released["outcome"] == "released" and released["trigger"] == "free" and released["died"] is True
+    assert receipt["release_bytes"] == released["bytes"] > 0
+    assert receipt["memory"]["held_bytes"] == 0   # read after the release: nothing of it is still counted
     text = "\n".join(free_cli.format_receipt(receipt))
     assert f"released {released['model_id']} (" in text and "LeakyLoader._cache['qwen_2512']" in text
+    assert "released 1 leaked model(s): " in text
     assert "the model is gone" in text and free_cli.exit_status(receipt) == 0
 
 

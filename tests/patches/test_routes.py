@@ -23,7 +23,8 @@ MODEL_KEYS = {"model", "model_id", "state", "bytes", "loaded_bytes", "load_devic
               "reloads", "reload_seconds", "reload_bytes", "reload_causes", "in_comfyui_loaded_list", "leak",
               "release"}
 RECEIPT_KEYS = {"status", "worker", "waited_s", "request", "run", "freed", "freed_bytes", "released_bytes",
-                "still_loaded", "survivors", "survivor_bytes", "memory", "prompt_running_at_request", "releases"}
+                "still_loaded", "survivors", "survivor_bytes", "memory", "prompt_running_at_request", "releases",
+                "release_bytes"}
 SURVIVOR_KEYS = {"model", "model_id", "owner", "bytes", "resident_bytes", "reason", "leak", "holders", "search", "holder"}
 OWNER_KEYS = {"prompt_id", "node_id", "class_type", "package", "via"}
 
@@ -165,7 +166,7 @@ def test_status_route_says_each_sites_state_and_a_replaced_one_as_rewrapped(vers
         return before, after
 
     (status, before), (_, after) = serve(version, tmp_path, scenario)
-    assert status == 200 and set(before) == {"version", "source", "leak_mode", "release", "sites", "pins"}
+    assert status == 200 and set(before) == {"version", "source", "leak_mode", "release", "release_packages", "sites", "pins"}
     assert before["release"] == "off"   # opt-in: nothing is ever cut unless COMFY_MEMX_RELEASE says so
     states = {row["site"]: row["state"] for row in before["sites"]}
     assert states["load_models_gpu"] == "patched" and before["leak_mode"] == "report"

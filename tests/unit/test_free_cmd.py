@@ -72,7 +72,7 @@ def test_everything_freed_is_status_0(stub, capsys):
     assert free_cmd.main(["--url", url, "--timeout", "12"]) == 0
     out = capsys.readouterr().out
     assert Stub.seen == [("/memx/free?timeout=12", {"unload_models": True, "free_memory": True})]
-    assert "freed 1 model(s): 16.0 KiB unloaded from devices, 16.0 KiB released" in out
+    assert "freed 1 model(s): 16.0 KiB unloaded from devices, 16.0 KiB of them gone from memory" in out
     assert "BaseModel#2 (BaseModel)  16.0 KiB unloaded from cuda:0, released; loaded by node 1 (LeakyLoader)" in out
     assert "survivors: none" in out
 

@@ -56,7 +56,7 @@ def chain_steps(objs, kind, root_id, module_dicts):
         if name is None or id(objs[0]) != root_id:
             return ()
         steps = [("module", name, root_id)]
-    elif kind == ROOT_CLASS_ATTRIBUTE and isinstance(objs[0], type):
+    elif kind == ROOT_CLASS_ATTRIBUTE and issubclass(type(objs[0]), type):
         try:
             qualname = _TYPE_QUALNAME.__get__(objs[0])
         except Exception:

@@ -11,7 +11,8 @@
    the chain again and checks every object on it (:mod:`~comfy_memx.leaks.release.walk`): a changed container is
    answered ``changed`` with nothing cut;
 4. cuts, drops every reference of its own, runs a full collection only if the model is still alive, empties
-   torch's device cache (ComfyUI's ``soft_empty_cache``), and reads RSS, VRAM and pinned bytes before and after;
+   torch's device cache (ComfyUI's ``soft_empty_cache``), hands the C allocator's free pages back to the kernel
+   (``malloc_trim``, unless ``COMFY_MEMX_TRIM=0``), and reads RSS, VRAM and pinned bytes before and after;
 5. reads the model's weakref: dead is ``released``; alive is ``survivor``, searched again so that the receipt names
    the next holder.
 
@@ -26,7 +27,7 @@ import sys
 import time
 
 from comfy_memx.core.comfyui import running_prompt_ids
-from comfy_memx.core.process import memory_snapshot
+from comfy_memx.core.process import memory_snapshot, trim
 from comfy_memx.core.state import STATE
 from comfy_memx.leaks import watch
 from comfy_memx.leaks.release import plan as plans
@@ -109,6 +110,8 @@ def _cut(record, decision, mm, receipt):
     if record.module_ref() is not None:
         gc.collect()
     _empty_device_cache(mm)
+    returned = trim()   # the allocator keeps freed pages for reuse unless told: what it gave back is shown
+    receipt["memory"]["trim_returned_bytes"] = returned.get("returned_bytes")
     receipt["memory"]["after"] = memory_snapshot()
     receipt["died"] = record.module_ref() is None
     return RELEASED if receipt["died"] else SURVIVOR

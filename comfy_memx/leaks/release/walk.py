@@ -7,7 +7,8 @@ and never through the pack's ``__getattr__`` or ``__getitem__``.  Any object tha
 model.  Only the cut itself runs the container's own code (``type(container).__delitem__``, or ``cache_clear()`` of
 a bounded ``lru_cache``), and if that raises, whatever it removed is put back and :class:`CutFailed` says so.
 
-The objects are held only inside :func:`cut` and dropped before it returns.
+Type tests read ``type(obj)``, never ``isinstance`` (which asks a hostile object for its ``__class__``).  The
+objects are held only inside :func:`cut` and dropped before it returns.
 """
 
 import collections
@@ -61,7 +62,7 @@ def _root(root):
         namespace = module_namespace(obj)
         for part in root[2].split("."):
             obj = dict.get(namespace, part, _MISSING) if type(namespace) is dict else _MISSING
-            if not isinstance(obj, type):
+            if not issubclass(type(obj), type):
                 raise Changed(f"class {root[1]}.{root[2]} is gone")
             namespace = _class_namespace(obj)
         if id(obj) != root[3]:
@@ -75,12 +76,12 @@ def _follow(holder, step):
     op, arg, want_id, want_type = step
     child, key = _MISSING, None
     if op == "attr":
-        namespace = _class_namespace(holder) if isinstance(holder, type) else instance_dict(holder)
+        namespace = _class_namespace(holder) if issubclass(type(holder), type) else instance_dict(holder)
         key = arg
         child = dict.get(namespace, arg, _MISSING) if namespace is not None else _MISSING
     elif op in ("item", "lru_item"):
         mapping = holder if op == "item" else _lru_dict(holder)
-        if isinstance(mapping, dict):
+        if issubclass(type(mapping), dict):
             key = _find_key(mapping, arg)
             child = dict.get(mapping, key, _MISSING) if key is not _MISSING else _MISSING
     elif op == "index":
@@ -150,7 +151,7 @@ def _remove(container, op, key, value):
         dict.__delitem__(_lru_dict(container), key)   # the unbounded cache's own dict: no linked list to keep
         return {"method": "lru_entry", "other_entries_dropped": 0}
     if op == "item":
-        if not isinstance(container, dict):
+        if not issubclass(type(container), dict):
             raise Changed("the container is no longer a dict")
         try:
             type(container).__delitem__(container, key)
@@ -159,12 +160,13 @@ def _remove(container, op, key, value):
                 dict.__setitem__(container, key, value)
             raise CutFailed(f"{type_name(type(container))}.__delitem__ raised {type(exc).__name__}: {exc}") from None
         return {"method": "dict_entry", "other_entries_dropped": 0}
-    if not isinstance(container, (list, collections.deque)):
+    if not issubclass(type(container), (list, collections.deque)):
         raise Changed("the container is an immutable sequence (a tuple): its entry cannot be cut")
     try:
         type(container).__delitem__(container, key)
     except Exception as exc:
-        if not any(item is value for item in list(container)):
-            (list.insert if isinstance(container, list) else collections.deque.insert)(container, key, value)
+        kind = list if issubclass(type(container), list) else collections.deque
+        if not any(item is value for item in kind.__iter__(container)):
+            kind.insert(container, key, value)
         raise CutFailed(f"{type_name(type(container))}.__delitem__ raised {type(exc).__name__}: {exc}") from None
     return {"method": "list_entry", "other_entries_dropped": 0}
