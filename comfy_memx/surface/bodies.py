@@ -2,7 +2,8 @@
 
 A body is read up to :data:`MAX_BODY_BYTES` (one more byte is a 413), its nesting is measured before it is parsed
 (deeper than :data:`MAX_DEPTH`: 400, so a body nested 100k levels deep never reaches the parser's recursion), it
-must be a JSON object with finite numbers only (``NaN``, ``Infinity`` and ``1e999`` are refused), and each known
+must be a JSON object with finite numbers only (``NaN``, ``Infinity`` and ``1e999`` are refused; numbers are read
+by ``surface.numbers``: ASCII, at most 40 characters), and each known
 field must have its type (:class:`Field`); unknown fields are ignored, as ComfyUI's own ``/free`` ignores them.
 Every refusal is :class:`BadBody` with the HTTP status and a message naming the field.
 """
@@ -12,6 +13,7 @@ import json
 import math
 
 from comfy_memx.core.errors import MemxError
+from comfy_memx.surface import numbers
 
 MAX_BODY_BYTES = 16 * 1024
 MAX_DEPTH = 8
@@ -71,7 +73,8 @@ def parse_object(raw, fields, empty=None):
     if depth(raw) > MAX_DEPTH:
         raise BadBody(400, "too_deep", f"the body is nested more than {MAX_DEPTH} levels deep")
     try:
-        body = json.loads(raw, parse_constant=_no_constant, parse_float=_finite_float)
+        body = json.loads(raw, parse_constant=_no_constant, parse_int=numbers.json_int,
+                          parse_float=numbers.json_float)
     except (ValueError, RecursionError, UnicodeDecodeError):
         raise BadBody(400, "bad_json", "the body is not JSON with finite numbers") from None
     if not isinstance(body, dict):
@@ -118,10 +121,3 @@ def depth(raw):
 
 def _no_constant(name):
     raise ValueError(name)
-
-
-def _finite_float(text):
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(text)
-    return value

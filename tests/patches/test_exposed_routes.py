@@ -208,6 +208,71 @@ def test_handoff_bodies_are_type_checked(tmp_path, monkeypatch, raw, kind):
     assert (status, body["error"]) == (400, kind)
 
 
+# what a number in a request must never be: other scripts' digits, signs, spaces, exponents, other bases, too long
+NOT_NUMBERS = ["\u00b2", "\uff15", "\u0661", "1\u0660", "+5", "-5", " 5", "5 ", "\t5", "5\n", "1e3", "1E3",
+               "0x10", "1_000", "nan", "inf", "Infinity", "", "1" * 25, "1" * 5000]
+NOT_SECONDS = NOT_NUMBERS + [".5", "5.", "1.5e1", "1." + "5" * 40]
+NOT_WHOLE = NOT_NUMBERS + ["1.5", "5.0"]
+
+
+def test_every_query_number_is_ascii_digits_and_bounded_or_400(tmp_path, monkeypatch):
+    from comfy_memx.sharing import handoff
+
+    async def scenario(comfy):
+        handoff.start(1)
+
+        async def status_of(method, path, name, value):
+            response = await comfy.client.request(method, path, params={name: value})
+            return response.status, (await response.json())["error"] if response.status >= 400 else None
+
+        answers = {}
+        for method, path, name, values in [("GET", "/memx/timeline", "since", NOT_WHOLE),
+                                           ("POST", "/memx/free", "timeout", NOT_SECONDS),
+                                           ("POST", "/memx/handoff/request", "bytes", NOT_WHOLE + ["0"])]:
+            answers[name] = {value: await status_of(method, path, name, value) for value in values}
+        control = {"since": await status_of("GET", "/memx/timeline", "since", "0"),
+                   "timeout": await status_of("POST", "/memx/free", "timeout", "30.5"),
+                   "bytes": await status_of("POST", "/memx/handoff/request", "bytes", "10")}
+        return answers, control
+
+    answers, control = serve("0.27.0", tmp_path, scenario, **handoff_on(tmp_path, monkeypatch))
+    kinds = {"since": "bad_since", "timeout": "bad_timeout", "bytes": "bad_bytes"}
+    for name, by_value in answers.items():
+        wrong = {value[:20]: got for value, got in by_value.items() if got != (400, kinds[name])}
+        assert not wrong, (name, wrong)
+    assert control == {"since": (200, None), "timeout": (200, None), "bytes": (200, None)}
+
+
+@pytest.mark.parametrize("raw,kind", [
+    (b'{"bytes": \xc2\xb2}', "bad_json"), ('{"bytes": 1\u0660}'.encode(), "bad_json"),
+    (b'{"bytes": +5}', "bad_json"), (b'{"bytes": 05}', "bad_json"), (b'{"bytes": 0x10}', "bad_json"),
+    (b'{"bytes": 1' + b"0" * 60 + b"}", "bad_json"), (b'{"timeout": 1.' + b"5" * 60 + b"}", "bad_json"),
+    (b'{"bytes": 1e3}', "bad_field"), (b'{"bytes": -5}', "bad_field"), (b'{"bytes": "5"}', "bad_field"),
+    (b'{"from": 2e0}', "bad_field"), (b'{"timeout": -0.5}', "bad_field"), (b'{"timeout": 1e999}', "bad_json"),
+])
+def test_body_numbers_are_ascii_json_numbers_bounded_or_400(tmp_path, monkeypatch, raw, kind):
+    from comfy_memx.sharing import handoff
+
+    async def scenario(comfy):
+        handoff.start(1)
+        return await post(comfy, "/memx/handoff", {access.PEER_HEADER: handoff.part().secret}, data=raw)
+
+    status, body, _ = serve("0.27.0", tmp_path, scenario, **handoff_on(tmp_path, monkeypatch))
+    assert (status, body["error"]) == (400, kind)
+
+
+def test_body_numbers_are_ascii_even_with_the_pure_python_json_scanner(monkeypatch):
+    import json.scanner
+    from comfy_memx.surface import bodies
+    fields = {"bytes": bodies.Field("int", 0, 2 ** 62)}
+    monkeypatch.setattr(json.scanner, "make_scanner", json.scanner.py_make_scanner)   # its \d matches any digit
+    assert bodies.parse_object(b'{"bytes": 12}', fields) == {"bytes": 12}
+    for raw in ('{"bytes": 1\u0661}', '{"bytes": 1\uff15}', '{"bytes": 1' + "0" * 60 + "}"):
+        with pytest.raises(bodies.BadBody) as info:
+            bodies.parse_object(raw.encode(), fields)
+        assert info.value.status == 400, raw
+
+
 def test_handoff_needs_the_peer_secret_and_never_names_the_device(tmp_path, monkeypatch):
     from comfy_memx.sharing import handoff
 
