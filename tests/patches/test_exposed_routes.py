@@ -187,6 +187,97 @@ def test_bad_bodies_get_4xx_never_500(tmp_path, raw, status, kind):
     assert after_status == 200
 
 
+SPLIT_S = 0.5   # between two parts of a body: long enough that the server reads the first part alone
+
+
+async def post_in_parts(comfy, path, parts, headers=None):
+    """POST ``parts`` over a raw connection, one write each, ``SPLIT_S`` apart (a body split across TCP segments);
+    ``Content-Length`` is their total unless ``headers`` say ``Transfer-Encoding: chunked`` (then each part is sent
+    as one chunk).  Returns (status, JSON answer)."""
+    headers = dict(headers or {})
+    chunked = headers.get("Transfer-Encoding") == "chunked"
+    if not chunked:
+        headers["Content-Length"] = str(sum(len(part) for part in parts))
+    head = f"POST {path} HTTP/1.1\r\nHost: {comfy.client.host}:{comfy.client.port}\r\nConnection: close\r\n"
+    head += "".join(f"{name}: {value}\r\n" for name, value in headers.items()) + "\r\n"
+    reader, writer = await asyncio.open_connection(comfy.client.host, comfy.client.port)
+    try:
+        writer.write(head.encode("latin-1"))
+        for index, part in enumerate(parts):
+            if index:
+                await asyncio.sleep(SPLIT_S)
+            writer.write(b"%x\r\n%s\r\n" % (len(part), part) if chunked else part)
+            await writer.drain()
+        if chunked:
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 120)    # the server closes after its answer
+    finally:
+        writer.close()
+    status_line, _, rest = answer.partition(b"\r\n")
+    return int(status_line.split()[1]), json.loads(rest.partition(b"\r\n\r\n")[2])
+
+
+def test_a_free_body_split_across_segments_is_read_whole(tmp_path):
+    async def scenario(comfy):
+        await comfy.run(leaky("a"))
+        split_json = await post_in_parts(comfy, "/memx/free", [b'{"unload_models": ', b'false, "free_memory": true}'])
+        blank_first = await post_in_parts(comfy, "/memx/free", [b"   ", b'{"unload_models": true, "free_memory": false}'])
+        chunked = await post_in_parts(comfy, "/memx/free", [b'{"unload_models": true,', b' "free_memory": false}'],
+                                      {"Transfer-Encoding": "chunked"})
+        return split_json, blank_first, chunked
+
+    answers = serve("0.27.0", tmp_path, scenario)
+    assert [status for status, _ in answers] == [200, 200, 200], answers
+    (_, split_json), (_, blank_first), (_, chunked) = answers
+    assert split_json["request"] == {"unload_models": False, "free_memory": True}
+    assert blank_first["request"] == chunked["request"] == {"unload_models": True, "free_memory": False}
+
+
+def test_a_handoff_body_split_across_segments_is_read_whole(tmp_path, monkeypatch):
+    from comfy_memx.sharing import handoff
+
+    async def scenario(comfy):
+        handoff.start(1)
+        return await post_in_parts(comfy, "/memx/handoff", [b'{"bytes": 1, "from": 1, "device": ', b'"elsewhere"}'],
+                                   {access.PEER_HEADER: handoff.part().secret})
+
+    status, body = serve("0.27.0", tmp_path, scenario, **handoff_on(tmp_path, monkeypatch))
+    assert (status, body["status"]) == (409, "other_device")
+
+
+def test_an_over_limit_body_sent_in_small_chunks_gets_413(tmp_path):
+    from comfy_memx.surface import bodies
+    pad = b" " * (bodies.MAX_BODY_BYTES // 2)
+
+    async def scenario(comfy):
+        over = await post_in_parts(comfy, "/memx/free", [b'{"unload_models": true' + pad, pad + b"}"],
+                                   {"Transfer-Encoding": "chunked"})
+        under = await post_in_parts(comfy, "/memx/free", [b'{"unload_models": true' + pad[:-100], b"}"],
+                                    {"Transfer-Encoding": "chunked"})
+        return over, under
+
+    (status, body), (under_status, receipt) = serve("0.27.0", tmp_path, scenario)
+    assert (status, body["error"]) == (413, "body_too_large")
+    assert under_status == 200 and receipt["request"] == {"unload_models": True, "free_memory": False}
+
+
+def test_a_body_that_never_arrives_whole_gets_408(tmp_path, monkeypatch):
+    from comfy_memx.surface import bodies
+    monkeypatch.setattr(bodies, "READ_TIMEOUT_S", 0.2)
+
+    async def scenario(comfy):
+        reader, writer = await asyncio.open_connection(comfy.client.host, comfy.client.port)
+        writer.write(b"POST /memx/free HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        await writer.drain()
+        try:
+            return await asyncio.wait_for(reader.readline(), 120)   # the 99 other bytes never come
+        finally:
+            writer.close()
+
+    assert serve("0.27.0", tmp_path, scenario).split()[1] == b"408"
+
+
 def handoff_on(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     return {"handoff": "host"}
