@@ -15,6 +15,7 @@ import pytest
 
 from comfy_memx.core.state import STATE
 from comfy_memx.surface import access, gate, readmodel, routes
+from memx_helpers import mode_of, umask
 from test_routes import leaky, serve
 
 TOKEN = "t0ken-for-the-tests-0123456789"
@@ -422,6 +423,29 @@ def test_free_events_written_for_requests_are_bounded_and_counted(tmp_path):
     written = [json.loads(line) for line in events.read_text().splitlines()]
     frees = [e for e in written if e["event"] == "free"]
     assert stats["dropped"]["rate"] > 0 and len(frees) + stats["dropped"]["rate"] == 12
+
+
+def test_the_events_file_is_0600_and_names_client_addresses_only_in_free_origins(tmp_path, monkeypatch):
+    from comfy_memx.sharing import handoff
+    events = tmp_path / "events.jsonl"
+
+    async def scenario(comfy):
+        handoff.start(1)
+        await comfy.run(leaky("a"))
+        await post(comfy, "/memx/free", json={"unload_models": True})
+        await post(comfy, "/memx/handoff/request?bytes=10")
+        return comfy.client.host
+
+    with umask(0o022):
+        client = serve("0.27.0", tmp_path, scenario, events=events, **handoff_on(tmp_path, monkeypatch))
+        STATE.events.close()
+    assert mode_of(events) == 0o600
+    written = [json.loads(line) for line in events.read_text().splitlines()]
+    assert {"load", "free", "handoff"} <= {e["event"] for e in written}
+    with_address = [e for e in written if client in json.dumps(e)]
+    assert [e["event"] for e in with_address] == ["free"] and with_address[0]["origin"]["client"] == client
+    del with_address[0]["origin"]["client"]
+    assert client not in json.dumps(with_address[0])   # the README says why there, and nowhere else
 
 
 def test_is_loopback_covers_v4_v6_and_mapped_addresses():
