@@ -57,6 +57,55 @@ def test_search_from_a_remote_caller_needs_the_token(tmp_path, token_setting):
     assert status == 200 and body["holders"] and body["holders"][0]["pattern"] == "class_cache"
 
 
+def test_guarded_routes_refuse_a_rebound_host_or_another_origin_from_loopback_without_the_token(tmp_path,
+                                                                                               monkeypatch):
+    from comfy_memx.sharing import handoff
+
+    async def scenario(comfy):
+        handoff.start(1)
+        model_id = await leaked_model(comfy)
+        search, port = f"/memx/models/{model_id}/search", comfy.client.port
+
+        def page_of(host):   # what a browser sends for a same-origin fetch of a page served as http://host:port
+            return {"Host": f"{host}:{port}", "Origin": f"http://{host}:{port}", "Sec-Fetch-Site": "same-origin"}
+        rebound = page_of("evil.example")   # evil.example's name now resolves to 127.0.0.1
+        cases = {
+            "rebound": (search, rebound), "rebound_handoff": ("/memx/handoff/request?bytes=10", rebound),
+            "rebound_no_origin": (search, {"Host": f"evil.example:{port}"}),
+            "rebound_with_token": (search, dict(rebound, Authorization="Bearer " + TOKEN)),
+            "cross_site_origin": (search, {"Origin": "http://evil.example"}),
+            "cross_site_fetch": (search, {"Sec-Fetch-Site": "cross-site"}),
+            "origin_null": (search, {"Origin": "null"}),
+            "other_port": (search, {"Origin": f"http://127.0.0.1:{port ^ 1}"}),
+            "cross_site_with_token": (search, {"Origin": "http://evil.example", "X-Memx-Token": TOKEN}),
+            "localhost": (search, page_of("localhost")), "loopback": (search, page_of("127.0.0.1")),
+            "listed": (search, page_of("gpu-box.lan")), "listed_handoff": ("/memx/handoff/request?bytes=10",
+                                                                          page_of("GPU-Box.lan")),
+            "no_headers": (search, {}),
+        }
+        answers = {name: (await post(comfy, path, headers))[:2] for name, (path, headers) in cases.items()}
+        answers["free"] = (await post(comfy, "/memx/free", rebound, json={"unload_models": True}))[:2]
+        return answers
+
+    answers = serve("0.27.0", tmp_path, scenario, token=TOKEN, allowed_hosts="gpu-box.lan", search_cpu=60,
+                    **handoff_on(tmp_path, monkeypatch))
+    refused = {"rebound", "rebound_handoff", "rebound_no_origin", "cross_site_origin", "cross_site_fetch",
+               "origin_null", "other_port"}
+    for name, (status, body) in answers.items():
+        if name in refused:
+            assert (status, body["error"]) == (403, "forbidden") and "model" not in body, (name, body)
+        elif name != "free":
+            assert status == 200, (name, body)
+    status, receipt = answers["free"]
+    assert status == 200 and receipt["status"] == "done"       # /memx/free itself is open, as ComfyUI's /free
+    assert [s["search"] for s in receipt["survivors"]] == [{"note": routes.NOT_SEARCHED}]
+
+
+def test_host_name_drops_port_brackets_case_and_the_final_dot():
+    names = ["Evil.Example:8188", "[::1]:8188", "localhost.:80", "127.0.0.1", "", ":8188"]
+    assert [access.host_name(h) for h in names] == ["evil.example", "::1", "localhost", "127.0.0.1", None, None]
+
+
 def test_free_from_a_remote_caller_unloads_but_does_not_search_without_the_token(tmp_path):
     async def scenario(comfy):
         await leaked_model(comfy)
@@ -223,7 +272,8 @@ def test_a_free_body_split_across_segments_is_read_whole(tmp_path):
     async def scenario(comfy):
         await comfy.run(leaky("a"))
         split_json = await post_in_parts(comfy, "/memx/free", [b'{"unload_models": ', b'false, "free_memory": true}'])
-        blank_first = await post_in_parts(comfy, "/memx/free", [b"   ", b'{"unload_models": true, "free_memory": false}'])
+        blank_first = await post_in_parts(comfy, "/memx/free",
+                                          [b"   ", b'{"unload_models": true, "free_memory": false}'])
         chunked = await post_in_parts(comfy, "/memx/free", [b'{"unload_models": true,', b' "free_memory": false}'],
                                       {"Transfer-Encoding": "chunked"})
         return split_json, blank_first, chunked

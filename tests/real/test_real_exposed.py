@@ -9,6 +9,8 @@ attacked from a network namespace of the test's own (``netns_helpers``) and from
 * hostile bodies (100k levels deep, oversized, wrong types, ``NaN``/``1e999``) and query numbers (``²``, ``５``,
   signs, exponents, overlong) get 400/413, never 500, and leave no traceback or internal error in the log; a body
   split across TCP segments is read whole;
+* from loopback, a browser's request from a page of a rebound name (``Host: evil.example``) or of another origin
+  gets 403 from the guarded routes unless it has the token, with and without ComfyUI's ``--enable-cors-header``;
 * the events file: a FIFO makes the launcher exit 2 naming ``--events`` before ComfyUI starts; a file renamed
   (logrotate) is reopened and the next events land in the new one.
 """
@@ -61,6 +63,54 @@ def post_in_parts(port, path, parts, pause_s=0.5):
     return int(status_line.split()[1]), json.loads(rest.partition(b"\r\n\r\n")[2])
 
 
+def check_browser_defence(session, search, cors):
+    """From loopback: a page of a rebound name (``Host: evil.example``) or of another origin gets 403 from the
+    guarded routes, the same with the token, a page of this server's own names, 200.  ``cors``: the server runs
+    with ``--enable-cors-header`` (ComfyUI's own origin check is off, so comfy_memx's is all there is)."""
+    def page_of(host):   # a browser's same-origin fetch from a page served as http://host:port
+        return {"Host": f"{host}:{session.port}", "Origin": f"http://{host}:{session.port}",
+                "Sec-Fetch-Site": "same-origin"}
+    rebound = page_of("evil.example")
+    handoff_request = "/memx/handoff/request?bytes=1000"
+    refused = [(search, rebound), (handoff_request, rebound), (search, {"Origin": "http://evil.example"}),
+               (search, {"Sec-Fetch-Site": "cross-site"})]
+    allowed = [(search, dict(rebound, Authorization="Bearer " + TOKEN)), (search, page_of("localhost")),
+               (search, page_of("gpu-box.lan")), (handoff_request, page_of("gpu-box.lan"))]
+    if cors:
+        allowed.append((search, {"Origin": "http://evil.example", "X-Memx-Token": TOKEN}))
+    for path, headers in refused:
+        status, body = raw_call(session, path, b"", headers)
+        assert status == 403 and "model" not in (body or {}), (path, headers, status, body)
+    for path, headers in allowed:
+        status, body = raw_call(session, path, b"", headers)
+        assert status == 200, (path, headers, status, body)
+
+
+@needs_real_comfyui
+@pytest.mark.parametrize("tree", real_trees)
+def test_real_server_with_cors_header_still_guards_against_other_sites_and_rebound_names(
+        tree, memx_importable_by_real_python, tmp_path):  # noqa: F811
+    if not memx_importable_by_real_python:
+        pytest.skip(f"comfy_memx is not installed for {configured_python()} (pip install --no-deps)")
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    session = drive.Session(tree, configured_python(), str(tmp_path / "server"), launcher="module",
+                            env={"COMFY_MEMX_TOKEN": TOKEN, "COMFY_MEMX_HANDOFF": "host", "COMFY_MEMX_SEARCH_CPU": "60",
+                                 "COMFY_MEMX_ALLOWED_HOSTS": "gpu-box.lan", "XDG_RUNTIME_DIR": str(runtime)},
+                            comfy_args=["--enable-cors-header"])
+    try:
+        assert session.start(), where(session)
+        held = session.prompt("held", {"1": drive.loader_node("memx-cors"), "2": drive.sampler_node("1", 1),
+                                       "3": drive.leaky_cache_node("1", "cors")})
+        assert held["ok"], (held, where(session))
+        model_id = session.call("models", "GET", "/memx/models")["body"][0]["model_id"]
+        check_browser_defence(session, f"/memx/models/{quote(model_id, safe='')}/search", cors=True)
+    finally:
+        session.stop()
+    text = session.log_text()
+    assert "Traceback" not in text and "comfy_memx: internal error" not in text, where(session)
+
+
 @needs_real_comfyui
 @pytest.mark.parametrize("tree", real_trees)
 def test_real_server_exposed_on_all_interfaces(tree, memx_importable_by_real_python, tmp_path):  # noqa: F811
@@ -69,8 +119,8 @@ def test_real_server_exposed_on_all_interfaces(tree, memx_importable_by_real_pyt
     runtime = tmp_path / "runtime"
     runtime.mkdir(mode=0o700)
     session = drive.Session(tree, configured_python(), str(tmp_path / "server"), launcher="module",
-                            env={"COMFY_MEMX_TOKEN": TOKEN, "COMFY_MEMX_HANDOFF": "host",
-                                 "XDG_RUNTIME_DIR": str(runtime)},
+                            env={"COMFY_MEMX_TOKEN": TOKEN, "COMFY_MEMX_HANDOFF": "host", "COMFY_MEMX_SEARCH_CPU": "60",
+                                 "COMFY_MEMX_ALLOWED_HOSTS": "gpu-box.lan", "XDG_RUNTIME_DIR": str(runtime)},
                             comfy_args=["--listen", "0.0.0.0"])
     try:
         assert session.start(), where(session)
@@ -104,6 +154,9 @@ def test_real_server_exposed_on_all_interfaces(tree, memx_importable_by_real_pyt
             assert status == 200 and receipt["survivors"][0]["holders"], receipt
             status, text, _ = call_from(namespace, "GET", remote + "/memx/models")
             assert there not in json.dumps(text), text
+
+        # DNS rebinding and other origins, from loopback (ComfyUI checks Origin only for a loopback Host).
+        check_browser_defence(session, search, cors=False)
 
         # Hostile bodies, from loopback: 4xx, never 500.
         for path, data, expected in [
