@@ -44,6 +44,22 @@ def memx_on(version, **settings):
         purge_fake_comfy()
 
 
+@contextlib.contextmanager
+def umask(mask):
+    """Run the block under the process umask ``mask`` (022: the usual one, which makes a plain new file 0644)."""
+    previous = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+def mode_of(path):
+    """The permission bits of ``path`` (0o600: only its owner reads and writes it)."""
+    import stat
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
 def read_events(path):
     """The JSON objects of an events file."""
     with open(path, encoding="utf-8") as f:

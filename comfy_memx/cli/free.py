@@ -35,7 +35,8 @@ def free_url(base_url, timeout):
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValueError(f"--url must look like {DEFAULT_URL}, got {base_url!r}")
     path = parts.path.rstrip("/") + "/memx/free"
-    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, f"timeout={timeout:g}", ""))
+    seconds = f"{timeout:.3f}".rstrip("0").rstrip(".")   # the route takes plain decimals, never 1e-05
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, f"timeout={seconds}", ""))
 
 
 def request_free(base_url, timeout, free_memory=True, token=None, release=False):

@@ -488,9 +488,12 @@ def draw_timeline(report):
 
 
 def write_timeline(report, png_path):
-    """Draw :func:`draw_timeline` into ``png_path``; raises ImportError without matplotlib."""
+    """Draw :func:`draw_timeline` into ``png_path`` (created 0600: it names models and packages); raises
+    ImportError without matplotlib."""
+    from comfy_memx.core.private import create_private
     figure = draw_timeline(report)
-    figure.savefig(png_path, dpi=100)
+    with create_private(png_path, binary=True) as png:
+        figure.savefig(png, format="png", dpi=100)
 
 
 def main(argv):

@@ -189,6 +189,26 @@ def _group(text):
     return name
 
 
+HOST_NAME = re.compile(r"(?=.{1,253}$)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*")
+
+
+def _host_names(text):
+    """Comma-separated host names or IP addresses, lowercased (no port, no wildcard); an empty text is none."""
+    import ipaddress
+    names = []
+    for item in text.split(","):
+        name = item.strip().lower().rstrip(".")
+        if not name:
+            continue
+        try:
+            name = str(ipaddress.ip_address(name.strip("[]")))
+        except ValueError:
+            if not HOST_NAME.fullmatch(name):
+                raise ValueError(text) from None
+        names.append(name)
+    return tuple(names)
+
+
 def _positive_count(text):
     value = int(text.strip())
     if value < 1:
@@ -253,6 +273,10 @@ SETTINGS = (
             "Lets callers that are not on loopback use the guarded routes (holder searches, /memx/free's searches, "
             "/memx/handoff/request) when they send it as `Authorization: Bearer <token>` or `X-Memx-Token`.",
             option=False),
+    Setting("COMFY_MEMX_ALLOWED_HOSTS", "allowed_hosts", _host_names, (),
+            "comma list of host names or IP addresses, without ports (unset: none)",
+            "Host names (besides loopback names and the server's own address) under which loopback callers may use "
+            "the guarded routes without the token: the DNS-rebinding defence (see Security)."),
     Setting("COMFY_MEMX_SEARCH_CPU", "search_cpu", _positive_seconds, 2.0, "seconds > 0",
             "CPU seconds per minute that holder searches asked for over HTTP may use in all."),
     Setting("COMFY_MEMX_EVENT_RATE", "event_rate", _positive_count, 20, "a whole number >= 1",

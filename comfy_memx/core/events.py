@@ -3,6 +3,7 @@
 Every event has ``event``, ``time`` (unix seconds) and ``pid``.  Writing never blocks ComfyUI for long and never
 fails it.  The file behaves like a log file:
 
+* created with mode 0600 whatever the umask (``core.private``: its ``free`` lines name the callers' addresses);
 * only a regular file is written (``COMFY_MEMX_EVENTS`` naming a FIFO, socket or device is refused at start-up by
   ``core.config``; one that turns into one later is opened without blocking, seen by ``fstat`` and switched off with
   one warning);
@@ -37,6 +38,7 @@ import time
 import weakref
 
 from comfy_memx.core.errors import MemxError, internal_error
+from comfy_memx.core.private import open_private
 
 log = logging.getLogger("comfy_memx")
 
@@ -218,7 +220,7 @@ class EventLog:
             except FileNotFoundError:
                 pass
             self._close_fd()
-        fd = os.open(self.path, OPEN_FLAGS, 0o666)
+        fd = open_private(self.path, OPEN_FLAGS)
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):

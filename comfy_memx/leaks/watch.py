@@ -464,19 +464,21 @@ def _emit_leak(record, reason):
 
 
 def _write_graph(record, stage, report):
-    """COMFY_MEMX_LEAK_GRAPH: one Graphviz file per leak, and a PNG when a ``dot`` binary exists."""
+    """COMFY_MEMX_LEAK_GRAPH: one Graphviz file per leak, and a PNG when a ``dot`` binary exists (both 0600)."""
     import os
     import shutil
     import subprocess
+    from comfy_memx.core.private import create_private
     from comfy_memx.leaks import holders
     try:
         base = os.path.join(STATE.config.leak_graph, f"{record.model_id.replace('#', '-')}-{stage}-{os.getpid()}")
-        with open(base + ".dot", "w", encoding="utf-8") as f:
+        with create_private(base + ".dot") as f:
             f.write(holders.to_dot(report))
         dot = shutil.which("dot")
-        if dot:
-            subprocess.run([dot, "-Tpng", "-o", base + ".png", base + ".dot"], timeout=20, check=False,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if dot:   # dot writes the PNG to its stdout, a file made 0600 here (dot -o would follow the umask)
+            with create_private(base + ".png", binary=True) as png:
+                subprocess.run([dot, "-Tpng", base + ".dot"], timeout=20, check=False, stdout=png,
+                               stderr=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError) as exc:
         log.warning("comfy_memx: cannot write the leak graph to %s (%s)", STATE.config.leak_graph, exc)
 

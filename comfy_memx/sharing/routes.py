@@ -17,7 +17,7 @@ import asyncio
 
 from comfy_memx.core.state import STATE
 from comfy_memx.sharing import handoff
-from comfy_memx.surface import access, bodies, gate
+from comfy_memx.surface import access, bodies, gate, numbers
 from comfy_memx.surface.bodies import Field
 from comfy_memx.surface.routes import MAX_TIMEOUT_S, HttpError, answer, guard, guarded
 
@@ -48,10 +48,10 @@ class HandoffHandlers:
         """POST /memx/handoff/request?bytes=N: ask the idle peers on this device to unload N bytes now (guarded;
         one at a time)."""
         guard(request)
-        text = request.query.get("bytes", "")
-        nbytes = int(text) if text.isdigit() and len(text) <= 19 else -1
-        if nbytes <= 0:
-            raise HttpError(400, "bad_bytes", "bytes must be a whole number of bytes > 0")
+        try:
+            nbytes = numbers.whole(request.query.get("bytes", ""), 1, GIVE_FIELDS["bytes"].maximum)
+        except numbers.BadNumber:
+            raise HttpError(400, "bad_bytes", "bytes must be a whole number of bytes > 0") from None
         if self.asking:
             raise HttpError(429, "busy", "a hand-off request is in progress",
                             retry_after=1 + int(STATE.config.handoff_wait))

@@ -1,24 +1,29 @@
 """Request bodies of comfy_memx's POST routes: bounded in size and depth, every field type-checked.
 
-A body is read up to :data:`MAX_BODY_BYTES` (one more byte is a 413), its nesting is measured before it is parsed
-(deeper than :data:`MAX_DEPTH`: 400, so a body nested 100k levels deep never reaches the parser's recursion), it
-must be a JSON object with finite numbers only (``NaN``, ``Infinity`` and ``1e999`` are refused), and each known
-field must have its type (:class:`Field`); unknown fields are ignored, as ComfyUI's own ``/free`` ignores them.
+A body is read whole, however it was split on the wire, up to :data:`MAX_BODY_BYTES` (one more byte is a 413; not
+all there within :data:`READ_TIMEOUT_S`: 408), its nesting is measured before it is parsed (deeper than
+:data:`MAX_DEPTH`: 400, so a body nested 100k levels deep never reaches the parser's recursion), it must be a JSON
+object with finite numbers only (``NaN``, ``Infinity`` and ``1e999`` are refused; numbers are read by
+``surface.numbers``: ASCII, at most 40 characters), and each known field must have its type (:class:`Field`);
+unknown fields are ignored, as ComfyUI's own ``/free`` ignores them.
 Every refusal is :class:`BadBody` with the HTTP status and a message naming the field.
 """
 
+import asyncio
 import dataclasses
 import json
 import math
 
 from comfy_memx.core.errors import MemxError
+from comfy_memx.surface import numbers
 
 MAX_BODY_BYTES = 16 * 1024
 MAX_DEPTH = 8
+READ_TIMEOUT_S = 30.0   # the whole body, from the handler's first read
 
 
 class BadBody(MemxError):
-    """The body cannot be used: ``status`` (400 or 413), ``kind`` and a message for the error JSON."""
+    """The body cannot be used: ``status`` (400, 408 or 413), ``kind`` and a message for the error JSON."""
 
     def __init__(self, status, kind, message):
         super().__init__(message)
@@ -71,7 +76,8 @@ def parse_object(raw, fields, empty=None):
     if depth(raw) > MAX_DEPTH:
         raise BadBody(400, "too_deep", f"the body is nested more than {MAX_DEPTH} levels deep")
     try:
-        body = json.loads(raw, parse_constant=_no_constant, parse_float=_finite_float)
+        body = json.loads(raw, parse_constant=_no_constant, parse_int=numbers.json_int,
+                          parse_float=numbers.json_float)
     except (ValueError, RecursionError, UnicodeDecodeError):
         raise BadBody(400, "bad_json", "the body is not JSON with finite numbers") from None
     if not isinstance(body, dict):
@@ -82,13 +88,28 @@ def parse_object(raw, fields, empty=None):
 
 
 async def _read_bounded(request):
+    """The whole body, however the client split it into segments or chunks (``content.read(n)`` answers only what
+    is buffered): read until the end, refused with 413 as soon as it holds one byte more than the bound, and with
+    408 when it has not all arrived within :data:`READ_TIMEOUT_S`."""
     length = request.content_length
     if length is not None and length > MAX_BODY_BYTES:
         raise BadBody(413, "body_too_large", f"the body must be at most {MAX_BODY_BYTES} bytes")
-    raw = await request.content.read(MAX_BODY_BYTES + 1)
-    if len(raw) > MAX_BODY_BYTES:
-        raise BadBody(413, "body_too_large", f"the body must be at most {MAX_BODY_BYTES} bytes")
-    return raw
+    try:
+        return await asyncio.wait_for(_read_to_end(request.content), READ_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise BadBody(408, "body_timeout", f"the body did not arrive within {READ_TIMEOUT_S:g} s") from None
+
+
+async def _read_to_end(content):
+    chunks, size = [], 0
+    while True:
+        chunk = await content.read(MAX_BODY_BYTES + 1 - size)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise BadBody(413, "body_too_large", f"the body must be at most {MAX_BODY_BYTES} bytes")
 
 
 def depth(raw):
@@ -118,10 +139,3 @@ def depth(raw):
 
 def _no_constant(name):
     raise ValueError(name)
-
-
-def _finite_float(text):
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(text)
-    return value

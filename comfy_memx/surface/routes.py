@@ -34,13 +34,12 @@ registers them on the same terms, with :func:`guarded`, :func:`guard` and :func:
 import asyncio
 import json
 import logging
-import math
 
 from comfy_memx.core import registry
 from comfy_memx.core.errors import MemxError, internal_error
 from comfy_memx.core.state import STATE
 from comfy_memx.leaks import release as releases
-from comfy_memx.surface import access, answers, bodies, freeing, gate, metrics, panel, readmodel, timeline
+from comfy_memx.surface import access, answers, bodies, freeing, gate, metrics, numbers, panel, readmodel, timeline
 from comfy_memx.surface.bodies import Field
 
 log = logging.getLogger("comfy_memx")
@@ -107,12 +106,14 @@ class Handlers:
     async def timeline(self, request):
         """GET /memx/timeline?since=N: the timeline entries numbered above N (``surface.timeline``; clipped and
         serialized on the reads executor, up to 4096 entries)."""
-        text = request.query.get("since", "0")
-        if not (text.isdigit() and len(text) <= 19):
-            raise HttpError(400, "bad_since", "since must be a whole number >= 0 (the 'next' of the last answer)")
+        try:
+            since = numbers.whole(request.query.get("since", "0"))
+        except numbers.BadNumber:
+            raise HttpError(400, "bad_since", "since must be a whole number >= 0 (the 'next' of the last answer)") \
+                from None
         from aiohttp import web
         loop = asyncio.get_running_loop()
-        body = await loop.run_in_executor(gate.reads(), _timeline_body, int(text))
+        body = await loop.run_in_executor(gate.reads(), _timeline_body, since)
         return web.Response(body=body, content_type="application/json")
 
     async def free(self, request):
@@ -264,12 +265,10 @@ def _timeout(request):
     if text is None:
         return DEFAULT_TIMEOUT_S
     try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (0 <= value <= MAX_TIMEOUT_S):
-        raise HttpError(400, "bad_timeout", f"timeout must be seconds between 0 and {MAX_TIMEOUT_S:g}")
-    return value
+        return numbers.decimal(text, 0, MAX_TIMEOUT_S)
+    except numbers.BadNumber:
+        raise HttpError(400, "bad_timeout", f"timeout must be seconds between 0 and {MAX_TIMEOUT_S:g} (digits, "
+                                            "an optional fraction: 0.5)") from None
 
 
 async def _wait_done(ticket, timeout):

@@ -15,6 +15,7 @@ import pytest
 
 from comfy_memx.core.state import STATE
 from comfy_memx.surface import access, gate, readmodel, routes
+from memx_helpers import mode_of, umask
 from test_routes import leaky, serve
 
 TOKEN = "t0ken-for-the-tests-0123456789"
@@ -54,6 +55,55 @@ def test_search_from_a_remote_caller_needs_the_token(tmp_path, token_setting):
         assert status == (200 if token_setting else 403), (name, body)
     status, body, _ = answers["loopback"]
     assert status == 200 and body["holders"] and body["holders"][0]["pattern"] == "class_cache"
+
+
+def test_guarded_routes_refuse_a_rebound_host_or_another_origin_from_loopback_without_the_token(tmp_path,
+                                                                                               monkeypatch):
+    from comfy_memx.sharing import handoff
+
+    async def scenario(comfy):
+        handoff.start(1)
+        model_id = await leaked_model(comfy)
+        search, port = f"/memx/models/{model_id}/search", comfy.client.port
+
+        def page_of(host):   # what a browser sends for a same-origin fetch of a page served as http://host:port
+            return {"Host": f"{host}:{port}", "Origin": f"http://{host}:{port}", "Sec-Fetch-Site": "same-origin"}
+        rebound = page_of("evil.example")   # evil.example's name now resolves to 127.0.0.1
+        cases = {
+            "rebound": (search, rebound), "rebound_handoff": ("/memx/handoff/request?bytes=10", rebound),
+            "rebound_no_origin": (search, {"Host": f"evil.example:{port}"}),
+            "rebound_with_token": (search, dict(rebound, Authorization="Bearer " + TOKEN)),
+            "cross_site_origin": (search, {"Origin": "http://evil.example"}),
+            "cross_site_fetch": (search, {"Sec-Fetch-Site": "cross-site"}),
+            "origin_null": (search, {"Origin": "null"}),
+            "other_port": (search, {"Origin": f"http://127.0.0.1:{port ^ 1}"}),
+            "cross_site_with_token": (search, {"Origin": "http://evil.example", "X-Memx-Token": TOKEN}),
+            "localhost": (search, page_of("localhost")), "loopback": (search, page_of("127.0.0.1")),
+            "listed": (search, page_of("gpu-box.lan")), "listed_handoff": ("/memx/handoff/request?bytes=10",
+                                                                          page_of("GPU-Box.lan")),
+            "no_headers": (search, {}),
+        }
+        answers = {name: (await post(comfy, path, headers))[:2] for name, (path, headers) in cases.items()}
+        answers["free"] = (await post(comfy, "/memx/free", rebound, json={"unload_models": True}))[:2]
+        return answers
+
+    answers = serve("0.27.0", tmp_path, scenario, token=TOKEN, allowed_hosts="gpu-box.lan", search_cpu=60,
+                    **handoff_on(tmp_path, monkeypatch))
+    refused = {"rebound", "rebound_handoff", "rebound_no_origin", "cross_site_origin", "cross_site_fetch",
+               "origin_null", "other_port"}
+    for name, (status, body) in answers.items():
+        if name in refused:
+            assert (status, body["error"]) == (403, "forbidden") and "model" not in body, (name, body)
+        elif name != "free":
+            assert status == 200, (name, body)
+    status, receipt = answers["free"]
+    assert status == 200 and receipt["status"] == "done"       # /memx/free itself is open, as ComfyUI's /free
+    assert [s["search"] for s in receipt["survivors"]] == [{"note": routes.NOT_SEARCHED}]
+
+
+def test_host_name_drops_port_brackets_case_and_the_final_dot():
+    names = ["Evil.Example:8188", "[::1]:8188", "localhost.:80", "127.0.0.1", "", ":8188"]
+    assert [access.host_name(h) for h in names] == ["evil.example", "::1", "localhost", "127.0.0.1", None, None]
 
 
 def test_free_from_a_remote_caller_unloads_but_does_not_search_without_the_token(tmp_path):
@@ -187,6 +237,98 @@ def test_bad_bodies_get_4xx_never_500(tmp_path, raw, status, kind):
     assert after_status == 200
 
 
+SPLIT_S = 0.5   # between two parts of a body: long enough that the server reads the first part alone
+
+
+async def post_in_parts(comfy, path, parts, headers=None):
+    """POST ``parts`` over a raw connection, one write each, ``SPLIT_S`` apart (a body split across TCP segments);
+    ``Content-Length`` is their total unless ``headers`` say ``Transfer-Encoding: chunked`` (then each part is sent
+    as one chunk).  Returns (status, JSON answer)."""
+    headers = dict(headers or {})
+    chunked = headers.get("Transfer-Encoding") == "chunked"
+    if not chunked:
+        headers["Content-Length"] = str(sum(len(part) for part in parts))
+    head = f"POST {path} HTTP/1.1\r\nHost: {comfy.client.host}:{comfy.client.port}\r\nConnection: close\r\n"
+    head += "".join(f"{name}: {value}\r\n" for name, value in headers.items()) + "\r\n"
+    reader, writer = await asyncio.open_connection(comfy.client.host, comfy.client.port)
+    try:
+        writer.write(head.encode("latin-1"))
+        for index, part in enumerate(parts):
+            if index:
+                await asyncio.sleep(SPLIT_S)
+            writer.write(b"%x\r\n%s\r\n" % (len(part), part) if chunked else part)
+            await writer.drain()
+        if chunked:
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 120)    # the server closes after its answer
+    finally:
+        writer.close()
+    status_line, _, rest = answer.partition(b"\r\n")
+    return int(status_line.split()[1]), json.loads(rest.partition(b"\r\n\r\n")[2])
+
+
+def test_a_free_body_split_across_segments_is_read_whole(tmp_path):
+    async def scenario(comfy):
+        await comfy.run(leaky("a"))
+        split_json = await post_in_parts(comfy, "/memx/free", [b'{"unload_models": ', b'false, "free_memory": true}'])
+        blank_first = await post_in_parts(comfy, "/memx/free",
+                                          [b"   ", b'{"unload_models": true, "free_memory": false}'])
+        chunked = await post_in_parts(comfy, "/memx/free", [b'{"unload_models": true,', b' "free_memory": false}'],
+                                      {"Transfer-Encoding": "chunked"})
+        return split_json, blank_first, chunked
+
+    answers = serve("0.27.0", tmp_path, scenario)
+    assert [status for status, _ in answers] == [200, 200, 200], answers
+    (_, split_json), (_, blank_first), (_, chunked) = answers
+    assert split_json["request"] == {"unload_models": False, "free_memory": True}
+    assert blank_first["request"] == chunked["request"] == {"unload_models": True, "free_memory": False}
+
+
+def test_a_handoff_body_split_across_segments_is_read_whole(tmp_path, monkeypatch):
+    from comfy_memx.sharing import handoff
+
+    async def scenario(comfy):
+        handoff.start(1)
+        return await post_in_parts(comfy, "/memx/handoff", [b'{"bytes": 1, "from": 1, "device": ', b'"elsewhere"}'],
+                                   {access.PEER_HEADER: handoff.part().secret})
+
+    status, body = serve("0.27.0", tmp_path, scenario, **handoff_on(tmp_path, monkeypatch))
+    assert (status, body["status"]) == (409, "other_device")
+
+
+def test_an_over_limit_body_sent_in_small_chunks_gets_413(tmp_path):
+    from comfy_memx.surface import bodies
+    pad = b" " * (bodies.MAX_BODY_BYTES // 2)
+
+    async def scenario(comfy):
+        over = await post_in_parts(comfy, "/memx/free", [b'{"unload_models": true' + pad, pad + b"}"],
+                                   {"Transfer-Encoding": "chunked"})
+        under = await post_in_parts(comfy, "/memx/free", [b'{"unload_models": true' + pad[:-100], b"}"],
+                                    {"Transfer-Encoding": "chunked"})
+        return over, under
+
+    (status, body), (under_status, receipt) = serve("0.27.0", tmp_path, scenario)
+    assert (status, body["error"]) == (413, "body_too_large")
+    assert under_status == 200 and receipt["request"] == {"unload_models": True, "free_memory": False}
+
+
+def test_a_body_that_never_arrives_whole_gets_408(tmp_path, monkeypatch):
+    from comfy_memx.surface import bodies
+    monkeypatch.setattr(bodies, "READ_TIMEOUT_S", 0.2)
+
+    async def scenario(comfy):
+        reader, writer = await asyncio.open_connection(comfy.client.host, comfy.client.port)
+        writer.write(b"POST /memx/free HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        await writer.drain()
+        try:
+            return await asyncio.wait_for(reader.readline(), 120)   # the 99 other bytes never come
+        finally:
+            writer.close()
+
+    assert serve("0.27.0", tmp_path, scenario).split()[1] == b"408"
+
+
 def handoff_on(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     return {"handoff": "host"}
@@ -206,6 +348,71 @@ def test_handoff_bodies_are_type_checked(tmp_path, monkeypatch, raw, kind):
 
     status, body, _ = serve("0.27.0", tmp_path, scenario, **handoff_on(tmp_path, monkeypatch))
     assert (status, body["error"]) == (400, kind)
+
+
+# what a number in a request must never be: other scripts' digits, signs, spaces, exponents, other bases, too long
+NOT_NUMBERS = ["\u00b2", "\uff15", "\u0661", "1\u0660", "+5", "-5", " 5", "5 ", "\t5", "5\n", "1e3", "1E3",
+               "0x10", "1_000", "nan", "inf", "Infinity", "", "1" * 25, "1" * 5000]
+NOT_SECONDS = NOT_NUMBERS + [".5", "5.", "1.5e1", "1." + "5" * 40]
+NOT_WHOLE = NOT_NUMBERS + ["1.5", "5.0"]
+
+
+def test_every_query_number_is_ascii_digits_and_bounded_or_400(tmp_path, monkeypatch):
+    from comfy_memx.sharing import handoff
+
+    async def scenario(comfy):
+        handoff.start(1)
+
+        async def status_of(method, path, name, value):
+            response = await comfy.client.request(method, path, params={name: value})
+            return response.status, (await response.json())["error"] if response.status >= 400 else None
+
+        answers = {}
+        for method, path, name, values in [("GET", "/memx/timeline", "since", NOT_WHOLE),
+                                           ("POST", "/memx/free", "timeout", NOT_SECONDS),
+                                           ("POST", "/memx/handoff/request", "bytes", NOT_WHOLE + ["0"])]:
+            answers[name] = {value: await status_of(method, path, name, value) for value in values}
+        control = {"since": await status_of("GET", "/memx/timeline", "since", "0"),
+                   "timeout": await status_of("POST", "/memx/free", "timeout", "30.5"),
+                   "bytes": await status_of("POST", "/memx/handoff/request", "bytes", "10")}
+        return answers, control
+
+    answers, control = serve("0.27.0", tmp_path, scenario, **handoff_on(tmp_path, monkeypatch))
+    kinds = {"since": "bad_since", "timeout": "bad_timeout", "bytes": "bad_bytes"}
+    for name, by_value in answers.items():
+        wrong = {value[:20]: got for value, got in by_value.items() if got != (400, kinds[name])}
+        assert not wrong, (name, wrong)
+    assert control == {"since": (200, None), "timeout": (200, None), "bytes": (200, None)}
+
+
+@pytest.mark.parametrize("raw,kind", [
+    (b'{"bytes": \xc2\xb2}', "bad_json"), ('{"bytes": 1\u0660}'.encode(), "bad_json"),
+    (b'{"bytes": +5}', "bad_json"), (b'{"bytes": 05}', "bad_json"), (b'{"bytes": 0x10}', "bad_json"),
+    (b'{"bytes": 1' + b"0" * 60 + b"}", "bad_json"), (b'{"timeout": 1.' + b"5" * 60 + b"}", "bad_json"),
+    (b'{"bytes": 1e3}', "bad_field"), (b'{"bytes": -5}', "bad_field"), (b'{"bytes": "5"}', "bad_field"),
+    (b'{"from": 2e0}', "bad_field"), (b'{"timeout": -0.5}', "bad_field"), (b'{"timeout": 1e999}', "bad_json"),
+])
+def test_body_numbers_are_ascii_json_numbers_bounded_or_400(tmp_path, monkeypatch, raw, kind):
+    from comfy_memx.sharing import handoff
+
+    async def scenario(comfy):
+        handoff.start(1)
+        return await post(comfy, "/memx/handoff", {access.PEER_HEADER: handoff.part().secret}, data=raw)
+
+    status, body, _ = serve("0.27.0", tmp_path, scenario, **handoff_on(tmp_path, monkeypatch))
+    assert (status, body["error"]) == (400, kind)
+
+
+def test_body_numbers_are_ascii_even_with_the_pure_python_json_scanner(monkeypatch):
+    import json.scanner
+    from comfy_memx.surface import bodies
+    fields = {"bytes": bodies.Field("int", 0, 2 ** 62)}
+    monkeypatch.setattr(json.scanner, "make_scanner", json.scanner.py_make_scanner)   # its \d matches any digit
+    assert bodies.parse_object(b'{"bytes": 12}', fields) == {"bytes": 12}
+    for raw in ('{"bytes": 1\u0661}', '{"bytes": 1\uff15}', '{"bytes": 1' + "0" * 60 + "}"):
+        with pytest.raises(bodies.BadBody) as info:
+            bodies.parse_object(raw.encode(), fields)
+        assert info.value.status == 400, raw
 
 
 def test_handoff_needs_the_peer_secret_and_never_names_the_device(tmp_path, monkeypatch):
@@ -266,6 +473,29 @@ def test_free_events_written_for_requests_are_bounded_and_counted(tmp_path):
     written = [json.loads(line) for line in events.read_text().splitlines()]
     frees = [e for e in written if e["event"] == "free"]
     assert stats["dropped"]["rate"] > 0 and len(frees) + stats["dropped"]["rate"] == 12
+
+
+def test_the_events_file_is_0600_and_names_client_addresses_only_in_free_origins(tmp_path, monkeypatch):
+    from comfy_memx.sharing import handoff
+    events = tmp_path / "events.jsonl"
+
+    async def scenario(comfy):
+        handoff.start(1)
+        await comfy.run(leaky("a"))
+        await post(comfy, "/memx/free", json={"unload_models": True})
+        await post(comfy, "/memx/handoff/request?bytes=10")
+        return comfy.client.host
+
+    with umask(0o022):
+        client = serve("0.27.0", tmp_path, scenario, events=events, **handoff_on(tmp_path, monkeypatch))
+        STATE.events.close()
+    assert mode_of(events) == 0o600
+    written = [json.loads(line) for line in events.read_text().splitlines()]
+    assert {"load", "free", "handoff"} <= {e["event"] for e in written}
+    with_address = [e for e in written if client in json.dumps(e)]
+    assert [e["event"] for e in with_address] == ["free"] and with_address[0]["origin"]["client"] == client
+    del with_address[0]["origin"]["client"]
+    assert client not in json.dumps(with_address[0])   # the README says why there, and nowhere else
 
 
 def test_is_loopback_covers_v4_v6_and_mapped_addresses():

@@ -17,7 +17,7 @@ from comfy_memx.leaks import patterns
 from comfy_memx.leaks import watch as leakwatch
 from comfy_memx.ledger import attribution
 from fake_comfy.loader import shape_root
-from memx_helpers import memx_on, read_events
+from memx_helpers import memx_on, mode_of, read_events, umask
 
 VERSIONS = ["0.3.64", "0.27.0"]
 HOLDER_PACK = '''
@@ -403,6 +403,28 @@ def test_all_strict_work_of_a_prompt_shares_one_cpu_allowance(version, tmp_path,
         elsewhere.HELD.clear()
         sys.modules.pop("memx_strict_elsewhere", None)
         sys.modules.pop("holder_pack", None)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_leak_graphs_are_written_0600_under_umask_022(version, tmp_path, monkeypatch):
+    graphs = tmp_path / "graphs"
+    graphs.mkdir()
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "dot").write_text("#!/bin/sh\nprintf 'PNG of %s' \"$2\"\n")   # Graphviz's dot, writing to stdout
+    os.chmod(tools / "dot", 0o755)
+    monkeypatch.setenv("PATH", str(tools) + os.pathsep + os.environ.get("PATH", ""))
+    with umask(0o022), memx_on(version, leak_mode="strict", leak_graph=graphs, leak_budget=20) as mm:
+        pack = import_pack(write_pack(tmp_path))
+        leak_into(mm, pack, lambda m: pack.REGISTRY.__setitem__("unet", m))
+        mm.cleanup_models_gc()
+        pack.REGISTRY.clear()
+        sys.modules.pop("holder_pack", None)
+    written = sorted(os.listdir(graphs))
+    assert {name.rsplit(".", 1)[1] for name in written} == {"dot", "png"}
+    assert all(mode_of(graphs / name) == 0o600 for name in written), {n: oct(mode_of(graphs / n)) for n in written}
+    [png] = [name for name in written if name.endswith(".png")]
+    assert (graphs / png).read_text().startswith("PNG of ") and (graphs / png).read_text().endswith(".dot")
 
 
 @pytest.mark.parametrize("version", VERSIONS)

@@ -6,8 +6,11 @@ attacked from a network namespace of the test's own (``netns_helpers``) and from
   caller without ``COMFY_MEMX_TOKEN`` and serve it with the token; ``/memx/free`` itself and the read routes answer
   it as ComfyUI's own routes would; ``/memx/handoff`` answers only the peer secret of its group's registry, and its
   409 never names the device; no answer shows a client address;
-* hostile bodies (100k levels deep, oversized, wrong types, ``NaN``/``1e999``) get 400/413, never 500, and leave no
-  traceback or internal error in the log;
+* hostile bodies (100k levels deep, oversized, wrong types, ``NaN``/``1e999``) and query numbers (``²``, ``５``,
+  signs, exponents, overlong) get 400/413, never 500, and leave no traceback or internal error in the log; a body
+  split across TCP segments is read whole;
+* from loopback, a browser's request from a page of a rebound name (``Host: evil.example``) or of another origin
+  gets 403 from the guarded routes unless it has the token, with and without ComfyUI's ``--enable-cors-header``;
 * the events file: a FIFO makes the launcher exit 2 naming ``--events`` before ComfyUI starts; a file renamed
   (logrotate) is reopened and the next events land in the new one.
 """
@@ -27,15 +30,85 @@ from test_real_comfyui import (configured_python, drive, memx_importable_by_real
 TOKEN = "real-remote-service-token-0123456789"
 
 
-def raw_call(session, path, data, headers=None):
+def raw_call(session, path, data, headers=None, method="POST"):
     import urllib.error
     import urllib.request
-    request = urllib.request.Request(session.base_url + path, data=data, method="POST", headers=headers or {})
+    request = urllib.request.Request(session.base_url + path, data=data, method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
             return response.status, json.loads(response.read() or b"null")
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read() or b"null")
+
+
+def post_in_parts(port, path, parts, pause_s=0.5):
+    """POST ``parts`` to 127.0.0.1:``port`` over a raw socket, ``pause_s`` apart (a body split across TCP segments);
+    returns (status, JSON answer)."""
+    import socket
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n"
+            f"Content-Length: {sum(len(part) for part in parts)}\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as connection:
+        connection.sendall(head)
+        for index, part in enumerate(parts):
+            if index:
+                time.sleep(pause_s)
+            connection.sendall(part)
+        answer = b""
+        while True:
+            data = connection.recv(65536)
+            if not data:
+                break
+            answer += data
+    status_line, _, rest = answer.partition(b"\r\n")
+    return int(status_line.split()[1]), json.loads(rest.partition(b"\r\n\r\n")[2])
+
+
+def check_browser_defence(session, search, cors):
+    """From loopback: a page of a rebound name (``Host: evil.example``) or of another origin gets 403 from the
+    guarded routes, the same with the token, a page of this server's own names, 200.  ``cors``: the server runs
+    with ``--enable-cors-header`` (ComfyUI's own origin check is off, so comfy_memx's is all there is)."""
+    def page_of(host):   # a browser's same-origin fetch from a page served as http://host:port
+        return {"Host": f"{host}:{session.port}", "Origin": f"http://{host}:{session.port}",
+                "Sec-Fetch-Site": "same-origin"}
+    rebound = page_of("evil.example")
+    handoff_request = "/memx/handoff/request?bytes=1000"
+    refused = [(search, rebound), (handoff_request, rebound), (search, {"Origin": "http://evil.example"}),
+               (search, {"Sec-Fetch-Site": "cross-site"})]
+    allowed = [(search, dict(rebound, Authorization="Bearer " + TOKEN)), (search, page_of("localhost")),
+               (search, page_of("gpu-box.lan")), (handoff_request, page_of("gpu-box.lan"))]
+    if cors:
+        allowed.append((search, {"Origin": "http://evil.example", "X-Memx-Token": TOKEN}))
+    for path, headers in refused:
+        status, body = raw_call(session, path, b"", headers)
+        assert status == 403 and "model" not in (body or {}), (path, headers, status, body)
+    for path, headers in allowed:
+        status, body = raw_call(session, path, b"", headers)
+        assert status == 200, (path, headers, status, body)
+
+
+@needs_real_comfyui
+@pytest.mark.parametrize("tree", real_trees)
+def test_real_server_with_cors_header_still_guards_against_other_sites_and_rebound_names(
+        tree, memx_importable_by_real_python, tmp_path):  # noqa: F811
+    if not memx_importable_by_real_python:
+        pytest.skip(f"comfy_memx is not installed for {configured_python()} (pip install --no-deps)")
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    session = drive.Session(tree, configured_python(), str(tmp_path / "server"), launcher="module",
+                            env={"COMFY_MEMX_TOKEN": TOKEN, "COMFY_MEMX_HANDOFF": "host", "COMFY_MEMX_SEARCH_CPU": "60",
+                                 "COMFY_MEMX_ALLOWED_HOSTS": "gpu-box.lan", "XDG_RUNTIME_DIR": str(runtime)},
+                            comfy_args=["--enable-cors-header"])
+    try:
+        assert session.start(), where(session)
+        held = session.prompt("held", {"1": drive.loader_node("memx-cors"), "2": drive.sampler_node("1", 1),
+                                       "3": drive.leaky_cache_node("1", "cors")})
+        assert held["ok"], (held, where(session))
+        model_id = session.call("models", "GET", "/memx/models")["body"][0]["model_id"]
+        check_browser_defence(session, f"/memx/models/{quote(model_id, safe='')}/search", cors=True)
+    finally:
+        session.stop()
+    text = session.log_text()
+    assert "Traceback" not in text and "comfy_memx: internal error" not in text, where(session)
 
 
 @needs_real_comfyui
@@ -46,8 +119,8 @@ def test_real_server_exposed_on_all_interfaces(tree, memx_importable_by_real_pyt
     runtime = tmp_path / "runtime"
     runtime.mkdir(mode=0o700)
     session = drive.Session(tree, configured_python(), str(tmp_path / "server"), launcher="module",
-                            env={"COMFY_MEMX_TOKEN": TOKEN, "COMFY_MEMX_HANDOFF": "host",
-                                 "XDG_RUNTIME_DIR": str(runtime)},
+                            env={"COMFY_MEMX_TOKEN": TOKEN, "COMFY_MEMX_HANDOFF": "host", "COMFY_MEMX_SEARCH_CPU": "60",
+                                 "COMFY_MEMX_ALLOWED_HOSTS": "gpu-box.lan", "XDG_RUNTIME_DIR": str(runtime)},
                             comfy_args=["--listen", "0.0.0.0"])
     try:
         assert session.start(), where(session)
@@ -82,6 +155,9 @@ def test_real_server_exposed_on_all_interfaces(tree, memx_importable_by_real_pyt
             status, text, _ = call_from(namespace, "GET", remote + "/memx/models")
             assert there not in json.dumps(text), text
 
+        # DNS rebinding and other origins, from loopback (ComfyUI checks Origin only for a loopback Host).
+        check_browser_defence(session, search, cors=False)
+
         # Hostile bodies, from loopback: 4xx, never 500.
         for path, data, expected in [
                 ("/memx/free", b"[" * 100000 + b"]" * 100000, 413),
@@ -92,6 +168,18 @@ def test_real_server_exposed_on_all_interfaces(tree, memx_importable_by_real_pyt
                 ("/memx/free", b"[1]", 400)]:
             status, body = raw_call(session, path, data)
             assert status == expected, (path, data[:40], status, body)
+        # Numbers in queries: other scripts' digits, signs, spaces, exponents, overlong: 400, never 500.
+        for method, path in [("GET", "/memx/timeline?since=%C2%B2"), ("GET", "/memx/timeline?since=%EF%BC%95"),
+                             ("GET", "/memx/timeline?since=+5"), ("GET", "/memx/timeline?since=" + "9" * 30),
+                             ("POST", "/memx/free?timeout=1e1"), ("POST", "/memx/free?timeout=%EF%BC%95"),
+                             ("POST", "/memx/free?timeout=%205"), ("POST", "/memx/handoff/request?bytes=%C2%B2"),
+                             ("POST", "/memx/handoff/request?bytes=-5"), ("POST", "/memx/handoff/request?bytes=1e3")]:
+            status, body = raw_call(session, path, None, method=method)
+            assert status == 400, (path, status, body)
+        # A body split across TCP segments is read whole.
+        status, receipt = post_in_parts(session.port, "/memx/free?timeout=120",
+                                        [b'{"unload_models": ', b'true, "free_memory": false}'])
+        assert status == 200 and receipt["request"] == {"unload_models": True, "free_memory": False}, receipt
         registry = json.loads((runtime / "comfy_memx-instances-default.json").read_text())
         [entry] = registry.values()
         peer = {"X-Memx-Peer": entry["data"]["secret"]}   # readable only by this user: the group's proof

@@ -33,6 +33,7 @@ ALLOWED = {
     ("sharing", "comfy_memx.surface.routes"): "the hand-off registers its own routes on the surface's terms",
     ("sharing", "comfy_memx.surface.access"): "... with the surface's access rules (peer secret, token)",
     ("sharing", "comfy_memx.surface.bodies"): "... and request bodies",
+    ("sharing", "comfy_memx.surface.numbers"): "... and the numbers of its queries",
     ("sharing", "comfy_memx.surface.gate"): "... and its executor for blocking work",
 }
 

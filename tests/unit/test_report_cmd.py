@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from comfy_memx.cli import report
+from memx_helpers import mode_of, umask
 
 OWNER = {"prompt_id": "p1", "node_id": "1", "class_type": "LeakyLoader", "package": "leaky_pack"}
 CORE = {"prompt_id": "p1", "node_id": "4", "class_type": "SimSampler", "package": "core"}
@@ -174,8 +175,10 @@ def test_png_without_matplotlib_prints_the_report_and_a_hint(events_file, tmp_pa
 
 def test_png_timeline(events_file, tmp_path, capsys):
     png = tmp_path / "timeline.png"
-    assert report.main([str(events_file), "--png", str(png)]) == 0
+    with umask(0o022):
+        assert report.main([str(events_file), "--png", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert mode_of(png) == 0o600                   # it names models and packages: this user's only
 
 
 def timeline_of(lines):
