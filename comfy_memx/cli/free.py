@@ -3,7 +3,8 @@
 Calls ``POST /memx/free`` (comfy_memx must be active in that server), which sets ComfyUI's own ``/free`` flags,
 waits until the prompt worker has unloaded the models, reset its caches and collected garbage, and answers what
 was freed, what is still loaded, and the survivors: models still in memory although ComfyUI no longer holds
-them, with the reference chains that keep them.  Exit status: 0 when everything was freed, 1 when survivors
+them, with the reference chains that keep them; with ``--release``, also what was cut to give the survivors'
+memory back (``COMFY_MEMX_RELEASE``).  Exit status: 0 when everything was freed, 1 when survivors
 remain (or models are still loaded, or the worker did not finish within ``--timeout``), 2 when the server cannot
 be reached or does not serve ``/memx/free``.  Standard library only.
 """
@@ -37,13 +38,15 @@ def free_url(base_url, timeout):
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, f"timeout={timeout:g}", ""))
 
 
-def request_free(base_url, timeout, free_memory=True, token=None):
+def request_free(base_url, timeout, free_memory=True, token=None, release=False):
     """POST /memx/free and return ``(http status, receipt dict)``; raises :class:`Unreachable`.
 
     ``token`` (default: ``COMFY_MEMX_TOKEN`` of this environment) is sent as ``X-Memx-Token``: a server reached
-    from another host runs the survivors' holder searches only for a caller with its token (README, Security)."""
+    from another host runs the survivors' holder searches only for a caller with its token (README, Security).
+    ``release`` asks the server to cut the pack-cache entry that keeps each survivor alive (COMFY_MEMX_RELEASE)."""
     url = free_url(base_url, timeout)
-    body = json.dumps({"unload_models": True, "free_memory": free_memory}).encode("utf-8")
+    wanted = {"unload_models": True, "free_memory": free_memory, **({"release": True} if release else {})}
+    body = json.dumps(wanted).encode("utf-8")
     headers = {"Content-Type": "application/json"}
     token = os.environ.get("COMFY_MEMX_TOKEN") if token is None else token
     if token:
@@ -71,8 +74,11 @@ def request_free(base_url, timeout, free_memory=True, token=None):
 
 
 def exit_status(receipt):
-    """0 when the worker finished and nothing survived or stayed loaded, else 1."""
-    clean = receipt.get("status") == "done" and not receipt.get("survivors") and not receipt.get("still_loaded")
+    """0 when the worker finished and nothing survived (or every survivor was released and died) or stayed loaded,
+    else 1."""
+    gone = {row.get("model_id") for row in receipt.get("releases") or () if row.get("died")}
+    left = [row for row in receipt.get("survivors") or () if row.get("model_id") not in gone]
+    clean = receipt.get("status") == "done" and not left and not receipt.get("still_loaded")
     return 0 if clean else 1
 
 
@@ -112,7 +118,24 @@ def format_receipt(receipt):
             lines += _chain_lines(chain, "    held by")
         if row.get("holders") == [] and not search.get("error"):
             lines.append(f"    {_no_holder_text(search)}")
+    lines += _release_lines(receipt)
     lines += _memory_lines(receipt.get("memory"))
+    return lines
+
+
+def _release_lines(receipt):
+    """What ``--release`` cut: one line per release receipt (what came back, or why nothing was cut)."""
+    lines = [f"released: {receipt['release_note']}"] if receipt.get("release_note") else []
+    for row in receipt.get("releases") or []:
+        name = f"{row.get('model_id')} ({row.get('model')})"
+        if row.get("outcome") in ("released", "survivor"):
+            lines.append(f"released {name}: cut {row.get('cut')} of package {row.get('package')}, "
+                         f"{format_bytes(row.get('bytes'))}; " + ("the model is gone" if row.get("died") else
+                         f"still held by {(row.get('next_holder') or {}).get('path') or '?'}"))
+        else:
+            lines.append(f"not released {name} ({row.get('outcome')}): {row.get('reason')}")
+            if row.get("fix"):
+                lines.append(f"      fix ({row.get('pattern')}): {row['fix']}")
     return lines
 
 
@@ -177,12 +200,15 @@ def main(argv):
                         help="seconds the server waits for the prompt worker (a running prompt delays it)")
     parser.add_argument("--unload-only", action="store_true",
                         help="only unload models (ComfyUI keeps its cached node outputs); default: also free_memory")
+    parser.add_argument("--release", action="store_true",
+                        help="also cut the pack-cache entry that keeps each survivor alive (the server needs "
+                             "COMFY_MEMX_RELEASE=ask or auto; the pack rebuilds the entry when it needs it again)")
     parser.add_argument("--json", action="store_true", help="print the receipt as JSON")
     args = parser.parse_args(argv)
     if not 0 <= args.timeout <= 3600:
         parser.error("--timeout must be between 0 and 3600 seconds")
     try:
-        _, receipt = request_free(args.url, args.timeout, free_memory=not args.unload_only)
+        _, receipt = request_free(args.url, args.timeout, free_memory=not args.unload_only, release=args.release)
     except (Unreachable, ValueError) as exc:
         print(f"comfy_memx free: {exc}", file=sys.stderr)
         return UNREACHABLE

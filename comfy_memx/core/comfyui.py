@@ -63,3 +63,15 @@ def queue_busy(queue):
         return False
     with queue.mutex:
         return bool(getattr(queue, "queue", None) or getattr(queue, "currently_running", None))
+
+
+def running_prompt_ids():
+    """The ids of the prompts ComfyUI's worker is running now (``PromptServer.instance.prompt_queue``'s
+    ``currently_running`` items are ``(number, prompt_id, ...)``); empty when there is no server or none runs."""
+    server = sys.modules.get("server")
+    instance = getattr(getattr(server, "PromptServer", None), "instance", None)
+    running = getattr(getattr(instance, "prompt_queue", None), "currently_running", None)
+    if not isinstance(running, dict):
+        return set()
+    return {item[1] for item in list(running.values())
+            if isinstance(item, (tuple, list)) and len(item) > 1 and isinstance(item[1], str)}

@@ -25,6 +25,7 @@ LEAK_MODES = ("off", "report", "strict")
 PATCH_NAMES = patch_names()
 PIN_SCOPES = ("process", "host")
 HANDOFF_SCOPES = ("off", "host")
+RELEASE_POLICIES = ("off", "ask", "auto")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,6 +196,19 @@ def _positive_count(text):
     return value
 
 
+PACKAGE_NAME = re.compile(r"[^\x00-\x1f/\\,]{1,200}")
+
+
+def _package_list(text):
+    """A comma list of custom-node package (folder) names, or ``*`` for every pack."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    if names == ("*",):
+        return names
+    if "*" in names or not all(PACKAGE_NAME.fullmatch(name) for name in names):
+        raise ValueError(text)
+    return names
+
+
 def _positive_seconds(text):
     value = float(text)
     if not math.isfinite(value) or value <= 0:
@@ -247,6 +261,14 @@ SETTINGS = (
             "1-64 letters, digits, '_', '.', '-'",
             "COMFY_MEMX_HANDOFF=host: only instances of this user with the same group name hand the GPU to each "
             "other."),
+    Setting("COMFY_MEMX_RELEASE", "release", _choice(RELEASE_POLICIES), "off", ", ".join(RELEASE_POLICIES),
+            "off: comfy_memx never cuts a pack's cache; ask: it cuts one leaked model's cache entry when asked "
+            "(POST /memx/models/{id}/release, `free --release`, the panel's Release button); auto: also the moment "
+            "ComfyUI warns about a model held by a package of COMFY_MEMX_RELEASE_PACKAGES.  The pack rebuilds the "
+            "entry the next time it needs it."),
+    Setting("COMFY_MEMX_RELEASE_PACKAGES", "release_packages", _package_list, (),
+            "comma list of custom-node folder names, or * for every pack",
+            "COMFY_MEMX_RELEASE=auto: the packages whose caches may be cut automatically."),
     Setting("COMFY_MEMX_RAISE_INTERNAL", "raise_internal", _bool, False, "1/true/yes/on or 0/false/no/off",
             "Re-raise comfy_memx's own internal errors instead of logging them (for tests and development).",
             option=False),
@@ -293,6 +315,10 @@ def parse(environ=None):
         except (ValueError, TypeError):
             raise ConfigError(setting.rejected(raw, f"is not valid; accepted: {setting.accepted}"),
                               warnings) from None
+    if values.get("release") == "auto" and not values.get("release_packages"):
+        raise ConfigError("COMFY_MEMX_RELEASE=auto needs COMFY_MEMX_RELEASE_PACKAGES: the custom-node packages whose "
+                          "caches may be cut automatically (comma list of folder names, or * for every pack)",
+                          warnings)
     return Config(**values)
 
 

@@ -1,8 +1,19 @@
 """What the patch modules call of the leak wing (``patches/model_management.py``'s ``cleanup_models_gc``): one
-small front over ``leaks.watch``.
+small front over ``leaks.watch`` and ``leaks.release``.
 
 :func:`suspects` (the loaded entries whose patcher is gone while the module lives, before ComfyUI's collection),
-:func:`before_collect` and :func:`after_collect` (the report of the ones that survive it).
+:func:`before_collect` and :func:`after_collect` (the report of the ones that survive it, then the ``auto`` release).
 """
 
-from comfy_memx.leaks.watch import after_collect, before_collect, suspects  # noqa: F401
+from comfy_memx.core.state import STATE
+from comfy_memx.leaks import watch
+from comfy_memx.leaks.release import release_automatically
+from comfy_memx.leaks.watch import before_collect, suspects  # noqa: F401
+
+
+def after_collect(found):
+    """Report the suspects that survived ComfyUI's collection; under ``COMFY_MEMX_RELEASE=auto``, release the ones
+    an opted-in package holds, at once (``leaks.release``)."""
+    watch.after_collect(found)
+    if STATE.config.release == "auto":
+        release_automatically([suspect.record for suspect in found])

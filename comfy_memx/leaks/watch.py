@@ -321,8 +321,14 @@ def _store(record, report, reason, refs):
     if referrers or summary["result"] != "incomplete" or not leak["referrers"]:
         leak["referrers"] = referrers
         leak["holder"] = _holder_of(referrers)
+        record.holder_steps = _steps_of(report)
     leak["search"] = summary
     leak["refs"] = refs
+
+
+def _steps_of(report):
+    """``{path: steps}`` of a report's chains that can be walked again (what a release cuts along)."""
+    return {chain.path: chain.steps for chain in report.chains if getattr(chain, "steps", ())}
 
 
 def _holder_of(referrers):
@@ -394,6 +400,7 @@ def _search_now(record, ignore, budget_s):
     finally:
         del module
     referrers = [referrer_of(chain) for chain in report.chains]
+    record.holder_steps = _steps_of(report)
     summary = dict(_search_summary(report), reason="requested", note=report.note or None)
     if record.leak is not None and record.leak["stage"] == "rooted":
         record.leak.update(referrers=referrers, search=summary, refs=refs, holder=_holder_of(referrers))

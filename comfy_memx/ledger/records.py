@@ -28,7 +28,7 @@ class ModelRecord:
     __slots__ = ("model_id", "model", "module_ref", "patcher_id", "model_bytes", "device", "copies", "owner", "loaded_bytes",
                  "loaded_at", "last_used", "loads", "unloads", "patchers", "leak", "last_unload_cause", "reloads",
                  "reload_seconds", "reload_bytes", "reload_causes", "reload_prompts", "thrash_warned",
-                 "unload_seq", "__weakref__")
+                 "unload_seq", "holder_steps", "__weakref__")
 
     def __init__(self, model_id, module_ref, class_name):
         self.model_id = model_id
@@ -54,6 +54,7 @@ class ModelRecord:
         self.reload_prompts = collections.deque(maxlen=3)
         self.thrash_warned = None
         self.unload_seq = -1            # the number of its last reported unload (see accounting.entries_snapshot)
+        self.holder_steps = {}          # holder path -> its steps (leaks.holders.steps), from the last search
 
     @property
     def alive(self):

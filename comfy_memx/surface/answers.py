@@ -85,7 +85,7 @@ def models_fingerprint():
                      None if leak is None else (id(leak), len(leak), leak.get("stage"), leak.get("sightings"),
                                                 leak.get("searches"), leak.get("tries"), leak.get("last_seen"),
                                                 id(leak.get("search")), id(leak.get("referrers")),
-                                                id(leak.get("holder")))))
+                                                id(leak.get("holder")), leak.get("release"))))
     mm = sys.modules.get("comfy.model_management")
     listed = tuple(id(entry) for entry in list(getattr(mm, "current_loaded_models", ()) or ()))
     budget = pin_session.budget()

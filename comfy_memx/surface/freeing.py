@@ -37,6 +37,7 @@ from comfy_memx.core import registry
 from comfy_memx.core.comfyui import queue_busy
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.state import STATE
+from comfy_memx.leaks import release as releases
 from comfy_memx.leaks import watch as leakwatch
 from comfy_memx.surface import readmodel, retention
 from comfy_memx.surface.readmodel import still_loaded
@@ -440,6 +441,19 @@ def _search_survivors(request, survivors):
         survivor["search"] = {"note": f"not searched: only {MAX_SEARCHED} survivors are searched per request"}
 
 
+def release_survivors(receipt_data):
+    """Release every survivor of a finished receipt whose search found a holder (``leaks.release``): the receipts,
+    in the order of the survivors.  Blocking; each release may search a survivor's next holder."""
+    done = []
+    for survivor in receipt_data["survivors"]:
+        if not survivor.get("holders"):
+            continue
+        record = next((r for r in STATE.ledger.records() if r.model_id == survivor["model_id"]), None)
+        if record is not None:
+            done.append(releases.release(record, "free", referrers=survivor["holders"]))
+    return done
+
+
 def _memory(request, trim):
     memory = {"rss_before": request.rss_before, "rss_after": retention.rss_bytes()}
     if trim:
@@ -459,6 +473,8 @@ def record_free(request, receipt_data):
                       request=receipt_data["request"], run=receipt_data["run"],
                       freed=len(receipt_data["freed"]), freed_bytes=receipt_data["freed_bytes"],
                       released_bytes=receipt_data["released_bytes"], survivors=len(receipt_data["survivors"]),
+                      releases=[{key: row[key] for key in ("model_id", "outcome", "package", "cut")}
+                                for row in receipt_data.get("releases", ())],
                       survivor_bytes=receipt_data["survivor_bytes"], memory=receipt_data["memory"],
                       seconds=round((run.finished or time.time()) - request.began, 3) if run is not None else None)
 

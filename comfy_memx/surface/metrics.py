@@ -1,7 +1,7 @@
 """Prometheus metrics of model memory, in a registry of comfy_memx's own (nothing global is touched).
 
 Counters and histograms are fed by ``STATE.events`` (``load``, ``unload``, ``leak``, ``leak_seen``, ``pin_evict``,
-``pin_refused``, ``free``); gauges are read at scrape time from the ledger, the patch table and ComfyUI's own
+``pin_refused``, ``free``, ``release``); gauges are read at scrape time from the ledger, the patch table and ComfyUI's own
 figures, so a model that is gone disappears from them.  Every name starts with ``comfy_memx_``:
 
 =========================================  =========  =========================================================
@@ -33,6 +33,8 @@ comfy_memx_last_free_survivors             gauge      -: models the last free le
 comfy_memx_frees_total                     counter    origin (/memx/free, idle_unload, ...): finished free requests
 comfy_memx_free_freed_bytes_total          counter    origin: device bytes the frees unloaded
 comfy_memx_free_survivors_total            counter    origin: survivors listed by the frees' receipts
+comfy_memx_releases_total                  counter    package (holder), outcome (released, survivor, refused ...)
+comfy_memx_released_bytes_total            counter    package (holder): bytes of released models that died
 comfy_memx_pin_evictions_total             counter    reason
 comfy_memx_pin_evicted_bytes_total         counter    reason
 comfy_memx_pin_refusals_total              counter    reason
@@ -151,6 +153,10 @@ class Metrics:
         self.free_freed_bytes = counter("free_freed_bytes", "Device bytes unloaded by free requests", ["origin"])
         self.free_survivors = counter("free_survivors", "Survivors listed by free receipts (models still alive "
                                       "that the free should have released)", ["origin"])
+        self.releases = counter("releases", "Releases of leaked models (a pack's cache entry cut), by holding "
+                                "package and outcome", ["package", "outcome"])
+        self.released_bytes = counter("released_bytes", "Bytes of leaked models that died after a release, by "
+                                      "holding package", ["package"])
         self.last_free = pc.Gauge(PREFIX + "last_free_bytes", "Memory figures of the last /memx/free",
                                   ["kind"], registry=self.registry)
         self.last_free_survivors = pc.Gauge(PREFIX + "last_free_survivors", "Models the last free request left "
@@ -209,6 +215,11 @@ class Metrics:
             self.pin_refusals.labels(str(event.get("reason") or "?")).inc()
         elif kind == "free":
             self._observe_free(event)
+        elif kind == "release":
+            package = self.packages(event.get("package") or UNKNOWN)
+            self.releases.labels(package, str(event.get("outcome") or "?")).inc()
+            if event.get("died"):
+                self.released_bytes.labels(package).inc(max(0, event.get("bytes") or 0))
 
     def _holder(self, event):
         """The holding package of a leak event as a label; remembered per model for the leaked-bytes gauge."""

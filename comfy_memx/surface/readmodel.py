@@ -10,6 +10,7 @@ import math
 import sys
 
 from comfy_memx.core.state import STATE
+from comfy_memx.leaks import release as releases
 from comfy_memx.leaks import watch as leakwatch
 from comfy_memx.ledger import causes
 from comfy_memx.pins import session as pin_session
@@ -88,7 +89,21 @@ def _row(record, module, mm, listed):
             "unloads": len(record.unloads),
             "last_unload": {k: last.get(k) for k in ("reason", "requested_by", "bytes", "time")} if last else None,
             **causes.reload_view(record),
-            "in_comfyui_loaded_list": id(module) in listed, "leak": leakwatch.public_state(record.leak)}
+            "in_comfyui_loaded_list": id(module) in listed, "leak": leakwatch.public_state(record.leak),
+            "release": release_view(record)}
+
+
+def release_view(record):
+    """What a release of this model would do (``leaks.release``): None for a model that is not a rooted leak, else
+    ``{"policy", "possible", "why", "path", "last"}`` (``last``: the outcome of the last release tried, or None)."""
+    leak = record.leak
+    if leak is None or leak.get("stage") != "rooted":
+        return None
+    view = releases.releasable_now(leak.get("referrers") or (), record.holder_steps)
+    policy = STATE.config.release
+    if policy == "off":
+        view.update(possible=False, why="release is off (COMFY_MEMX_RELEASE=off; ask or auto turn it on)")
+    return {"policy": policy, **view, "last": leak.get("release")}
 
 
 def _parameter_device(module):

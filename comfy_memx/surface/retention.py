@@ -11,33 +11,17 @@ pages for reuse instead of handing them back to the kernel (Impact-Pack users ca
   allocator was keeping, and how long it took; on by default, ``COMFY_MEMX_TRIM=0`` turns it off, and off Linux or
   without glibc it is skipped with the reason.
 
-RSS is read from ``/proc/self/statm`` (a few microseconds) with psutil as the fallback.
+RSS is read by :func:`comfy_memx.core.process.rss_bytes`.
 """
 
 import ctypes
 import ctypes.util
-import os
 import platform
 import sys
 import time
 
+from comfy_memx.core.process import rss_bytes  # noqa: F401  (the receipts' and metrics' RSS)
 from comfy_memx.core.state import STATE
-
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-def rss_bytes():
-    """Resident set size of this process in bytes, or None when it cannot be read."""
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * _PAGE
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        import psutil
-        return int(psutil.Process().memory_info().rss)
-    except Exception:
-        return None
 
 
 def trim_unavailable():

@@ -11,6 +11,10 @@ route                  method  answer
 ``/memx/models/{id}/   POST    a strict holder search of one live model now (bounded by COMFY_MEMX_LEAK_BUDGET);
 search``                       404 for an unknown model_id; guarded; 429 + Retry-After when another search runs or
                                the CPU budget is spent (``surface.gate``)
+``/memx/models/{id}/   POST    cut the pack-cache entry that keeps a leaked model alive (``leaks.release``; body
+release``                      ``{"path"}`` optional); guarded; 403 while COMFY_MEMX_RELEASE=off; the receipt, 200
+                               when cut, 409 changed or in use, 422 not a cache that may be cut, 429 busy
+``/memx/status``       GET     version, activation, leak mode, release policy, every patch site, the pin figures
 ``/metrics``           GET     Prometheus text (``surface.metrics``); only when no other extension serves it
 ``/memx/metrics``      GET     the same, always
 =====================  ======  ==================================================================================
@@ -35,6 +39,7 @@ import math
 from comfy_memx.core import registry
 from comfy_memx.core.errors import MemxError, internal_error
 from comfy_memx.core.state import STATE
+from comfy_memx.leaks import release as releases
 from comfy_memx.surface import access, answers, bodies, freeing, gate, metrics, panel, readmodel, timeline
 from comfy_memx.surface.bodies import Field
 
@@ -66,7 +71,12 @@ def can_observe_worker():
 
 # -- the handlers --------------------------------------------------------------------------------------------------
 
-FREE_FIELDS = {"unload_models": Field("bool"), "free_memory": Field("bool")}
+FREE_FIELDS = {"unload_models": Field("bool"), "free_memory": Field("bool"), "release": Field("bool")}
+RELEASE_FIELDS = {"path": Field("str", max_chars=2000)}
+# a release's outcome -> (HTTP status, error kind); 200 answers carry no error
+RELEASE_ANSWERS = {"released": (200, None), "survivor": (200, None), "changed": (409, "changed"),
+                   "in_use": (409, "in_use"), "refused": (422, "not_releasable"), "failed": (409, "cut_failed"),
+                   "gone": (404, "unknown_model"), "busy": (429, "busy")}
 NOT_SEARCHED = "not searched: holder searches are allowed from loopback or with COMFY_MEMX_TOKEN (README, Security)"
 
 
@@ -90,7 +100,8 @@ class Handlers:
         of the settings' values beyond the leak mode and the pin cap in force."""
         from comfy_memx._version import __version__
         return _json({"version": __version__, "source": STATE.source, "leak_mode": STATE.config.leak_mode,
-                      "sites": registry.site_status(), "pins": readmodel.pin_facts()})
+                      "release": STATE.config.release, "sites": registry.site_status(),
+                      "pins": readmodel.pin_facts()})
 
     async def timeline(self, request):
         """GET /memx/timeline?since=N: the timeline entries numbered above N (``surface.timeline``; clipped and
@@ -110,6 +121,7 @@ class Handlers:
         body = await bodies.read_object(request, FREE_FIELDS, empty=FREE_ALL)
         timeout = _timeout(request)
         unload_models, free_memory = body.get("unload_models", False), body.get("free_memory", False)
+        release = _free_release(request, body.get("release", False))
         if not (unload_models or free_memory):
             raise HttpError(400, "nothing_to_free", 'set "unload_models" and/or "free_memory" to true')
         allowed, _how = access.check(request)
@@ -124,7 +136,9 @@ class Handlers:
             freeing.end(ticket)
         loop = asyncio.get_running_loop()
         receipt = await loop.run_in_executor(gate.work(), _finish_free, ticket, done,
-                                             done and (True if allowed else NOT_SEARCHED))
+                                             done and (True if allowed else NOT_SEARCHED), done and release is True)
+        if isinstance(release, str):
+            receipt["release_note"] = release
         receipt["prompt_running_at_request"] = running
         if not observable:
             receipt["note"] = ("comfy_memx's PromptQueue.get_flags wrapper is off (COMFY_MEMX_DISABLE=execution?), "
@@ -141,12 +155,8 @@ class Handlers:
         """POST /memx/models/{model_id}/search: search the holders of one live model now (guarded, one at a time,
         within the CPU budget: 429 with Retry-After otherwise)."""
         _guard(request)
-        model_id = request.match_info["model_id"]
-        if len(model_id) > 300:
-            raise HttpError(400, "bad_model_id", "a model_id is at most 300 characters")
-        record = next((r for r in STATE.ledger.records() if r.model_id == model_id), None)
-        if record is None:
-            raise HttpError(404, "unknown_model", f"no live model {model_id!r} (see GET /memx/models)")
+        record = _record(request)
+        model_id = record.model_id
         loop = asyncio.get_running_loop()
         try:
             gate.gate().refuse_early()
@@ -154,6 +164,29 @@ class Handlers:
         except gate.Busy as busy:
             raise HttpError(429, busy.why, _busy_message(busy), retry_after=busy.retry_after) from None
         return _json({"model": record.model, "model_id": model_id, **found})
+
+    async def release(self, request):
+        """POST /memx/models/{model_id}/release: cut the pack-cache entry that keeps one leaked model alive and answer
+        the receipt (guarded, as the search; off unless COMFY_MEMX_RELEASE is ask or auto)."""
+        _guard(request)
+        if STATE.config.release == "off":
+            raise HttpError(403, "release_off", "release is off in this server: start it with COMFY_MEMX_RELEASE=ask "
+                                                "(or auto) to let comfy_memx cut a pack's cache entry")
+        record = _record(request)
+        body = await bodies.read_object(request, RELEASE_FIELDS, empty={})
+        loop = asyncio.get_running_loop()
+        try:
+            gate.gate().refuse_early()
+            receipt = await loop.run_in_executor(gate.work(), release_one, record, "http", body.get("path"))
+        except gate.Busy as busy:
+            raise HttpError(429, busy.why, _busy_message(busy), retry_after=busy.retry_after) from None
+        status, kind = RELEASE_ANSWERS.get(receipt["outcome"], (500, "internal"))
+        if status == 429:
+            raise HttpError(429, "busy", receipt["reason"], retry_after=1)
+        payload = {"model": record.model, "model_id": record.model_id, "release": receipt}
+        if status != 200:
+            payload = {"error": kind, "message": receipt["reason"], **payload}
+        return _json(payload, status=status)
 
     async def metrics(self, request):
         """GET /metrics and /memx/metrics: Prometheus text, or 501 without prometheus_client."""
@@ -166,6 +199,28 @@ class Handlers:
         response = web.Response(body=body)
         response.headers["Content-Type"] = content_type
         return response
+
+
+def _record(request):
+    """The ledger record of the route's ``{model_id}`` (400 for an overlong id, 404 for no live model)."""
+    model_id = request.match_info["model_id"]
+    if len(model_id) > 300:
+        raise HttpError(400, "bad_model_id", "a model_id is at most 300 characters")
+    record = next((r for r in STATE.ledger.records() if r.model_id == model_id), None)
+    if record is None:
+        raise HttpError(404, "unknown_model", f"no live model {model_id!r} (see GET /memx/models)")
+    return record
+
+
+def release_one(record, trigger, path=None):
+    """Release one model (``leaks.release``), searching its holders first through the search gate when no search
+    of it has found any yet (a model ComfyUI never warned about, say a survivor of a free).  Blocking: call it on
+    ``gate.work()``; raises :class:`gate.Busy` when that search cannot run now."""
+    leak = record.leak or {}
+    referrers = leak.get("referrers") if leak.get("stage") == "rooted" else None
+    if not referrers or not record.holder_steps:
+        referrers = gate.gate().search(record).get("holders") or []
+    return releases.release(record, trigger, path=path, referrers=referrers)
 
 
 def _timeline_body(since):
@@ -185,12 +240,23 @@ def _busy_message(busy):
     return f"another holder search is running; retry in {busy.retry_after} s"
 
 
-def _finish_free(ticket, done, search_holders):
-    """The receipt and the ``free`` event of a finished wait (blocking: runs on the work executor, never on the
-    event loop)."""
+def _finish_free(ticket, done, search_holders, release=False):
+    """The receipt and the ``free`` event of a finished wait, with the releases of its survivors when ``release``
+    (blocking: runs on the work executor, never on the event loop)."""
     receipt = freeing.receipt(ticket, None, search_holders, done)
+    receipt["releases"] = freeing.release_survivors(receipt) if release else []
     freeing.record_free(ticket, receipt)
     return receipt
+
+
+def _free_release(request, asked):
+    """True when a ``/memx/free`` body's ``release`` may be done, else False (not asked) or why not (a sentence)."""
+    if not asked:
+        return False
+    if STATE.config.release == "off":
+        return "not released: release is off in this server (COMFY_MEMX_RELEASE=ask or auto turns it on)"
+    allowed, _how = access.check(request)
+    return True if allowed else "not released: " + access.refusal()
 
 
 def _timeout(request):
@@ -295,10 +361,11 @@ def register(server):
     routes.get("/memx/timeline")(_guarded("/memx/timeline", handlers.timeline))
     routes.post("/memx/free")(_guarded("/memx/free", handlers.free))
     routes.post("/memx/models/{model_id}/search")(_guarded("/memx/models/{model_id}/search", handlers.search))
+    routes.post("/memx/models/{model_id}/release")(_guarded("/memx/models/{model_id}/release", handlers.release))
     metrics_handler = _guarded("metrics", handlers.metrics)
     routes.get(OWN_METRICS_PATH)(metrics_handler)
     served = ["/memx/models", "/memx/status", "/memx/timeline", "/memx/free", "/memx/models/{model_id}/search",
-              OWN_METRICS_PATH, *panel.register(routes)]
+              "/memx/models/{model_id}/release", OWN_METRICS_PATH, *panel.register(routes)]
     timeline.install()
     if metrics_path_taken(server):
         log.info("comfy_memx: another extension already serves %s; comfy_memx's metrics are at %s",

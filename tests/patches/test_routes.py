@@ -20,9 +20,10 @@ from memx_helpers import install_pack, memx_on
 VERSIONS = ["0.3.64", "0.27.0"]
 MODEL_KEYS = {"model", "model_id", "state", "bytes", "loaded_bytes", "load_device", "bytes_by_device",
               "pinned_bytes", "owner", "loaded_at", "last_used", "loads", "unloads", "last_unload",
-              "reloads", "reload_seconds", "reload_bytes", "reload_causes", "in_comfyui_loaded_list", "leak"}
+              "reloads", "reload_seconds", "reload_bytes", "reload_causes", "in_comfyui_loaded_list", "leak",
+              "release"}
 RECEIPT_KEYS = {"status", "worker", "waited_s", "request", "run", "freed", "freed_bytes", "released_bytes",
-                "still_loaded", "survivors", "survivor_bytes", "memory", "prompt_running_at_request"}
+                "still_loaded", "survivors", "survivor_bytes", "memory", "prompt_running_at_request", "releases"}
 SURVIVOR_KEYS = {"model", "model_id", "owner", "bytes", "resident_bytes", "reason", "leak", "holders", "search", "holder"}
 OWNER_KEYS = {"prompt_id", "node_id", "class_type", "package", "via"}
 
@@ -164,7 +165,8 @@ def test_status_route_says_each_sites_state_and_a_replaced_one_as_rewrapped(vers
         return before, after
 
     (status, before), (_, after) = serve(version, tmp_path, scenario)
-    assert status == 200 and set(before) == {"version", "source", "leak_mode", "sites", "pins"}
+    assert status == 200 and set(before) == {"version", "source", "leak_mode", "release", "sites", "pins"}
+    assert before["release"] == "off"   # opt-in: nothing is ever cut unless COMFY_MEMX_RELEASE says so
     states = {row["site"]: row["state"] for row in before["sites"]}
     assert states["load_models_gpu"] == "patched" and before["leak_mode"] == "report"
     [site] = [row for row in after["sites"] if row["site"] == "load_models_gpu"]
@@ -477,10 +479,10 @@ def test_register_adds_routes_once_and_detects_a_taken_metrics_path():
 
     plain = Server()
     served = ["/memx/models", "/memx/status", "/memx/timeline", "/memx/free", "/memx/models/{model_id}/search",
-              "/memx/metrics", "/memx/", "/memx/web/{name}", "/metrics"]
+              "/memx/models/{model_id}/release", "/memx/metrics", "/memx/", "/memx/web/{name}", "/metrics"]
     assert routes.register(plain) == served
     assert routes.register(plain) == served
-    assert len(list(plain.routes)) == 10   # and GET /memx, the redirect to /memx/
+    assert len(list(plain.routes)) == 11   # and GET /memx, the redirect to /memx/
     taken = Server()
 
     async def handler(request):

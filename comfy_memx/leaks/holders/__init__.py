@@ -45,6 +45,7 @@ from comfy_memx.leaks.holders.packages import (custom_node_package_of_module, di
 from comfy_memx.leaks.holders.probe import STAGE_BACKWARD, STAGE_PROBE, GraphChanged, Probe, core_watch_types
 from comfy_memx.leaks.holders.reports import (NOT_SEEN, RESULT_FOUND, RESULT_INCOMPLETE, RESULT_NOT_FOUND,
                                               CycleReport, HolderChain, HolderReport, to_dot)
+from comfy_memx.leaks.holders.steps import chain_steps
 from comfy_memx.leaks.holders.search import (ROOT_C_REGISTRY, ROOT_CLASS_ATTRIBUTE, ROOT_MODULE_GLOBAL,
                                        ROOT_THREAD_FRAME, Search, ThreadLocals, _module_dicts, frames_to_skip)
 
@@ -286,12 +287,13 @@ def _probe_chains(prober, module_dicts, comfy_root):
     for depth, kind, root_id, start_id, prefix, package in prober.entries:
         objs = prober.objects(prober.chain_ids(root_id, start_id))
         try:
-            shape = _shape(objs, comfy_root)
+            shape, steps = _shape(objs, comfy_root), chain_steps(objs, kind, root_id, module_dicts)
             for path, owner in _paths(module_dicts, kind, root_id, objs, prefix, package, comfy_root):
                 if path not in paths:
                     paths.add(path)
                     chains.append(HolderChain(path=path, package=owner or "?", root_kind=kind, depth=depth,
-                                              stage=STAGE_PROBE, kinds=shape[0], inner_package=shape[1]))
+                                              stage=STAGE_PROBE, kinds=shape[0], inner_package=shape[1],
+                                              steps=steps))
         except Exception as exc:
             _report_internal("holders.label", exc)
         finally:
@@ -344,13 +346,13 @@ def _chains(search, comfy_root):
     for kind, root_id, start_id, prefix, package in search.roots:
         objs = search.chain_objects(root_id, start_id)
         try:
-            shape = _shape(objs, comfy_root)
+            shape, steps = _shape(objs, comfy_root), chain_steps(objs, kind, root_id, search.module_dicts)
             for path, owner in _paths(search.module_dicts, kind, root_id, objs, prefix, package, comfy_root):
                 if path not in paths:
                     paths.add(path)
                     chains.append(HolderChain(path=path, package=owner or "?", root_kind=kind,
                                               depth=len(objs) - 1, stage=STAGE_BACKWARD, kinds=shape[0],
-                                              inner_package=shape[1]))
+                                              inner_package=shape[1], steps=steps))
         except Exception as exc:
             _report_internal("holders.label", exc)
         finally:

@@ -28,7 +28,9 @@ class HolderChain:
     walk from the custom-node packages and ComfyUI's long-lived objects) or ``backward`` (the heap-scanning search
     from the target).  ``kinds`` names the type of every object on the chain (root first, target last), which is
     what the holder patterns read; ``inner_package`` is the custom-node package of the innermost object on the chain
-    whose class a pack defines (a pack's node instance kept by ComfyUI's cache, say), or None.
+    whose class a pack defines (a pack's node instance kept by ComfyUI's cache, say), or None.  ``steps`` is the
+    chain as :mod:`~comfy_memx.leaks.holders.steps` writes it, for walking it again by identity (``()`` when it
+    cannot be: a root that is no module global or class attribute, or a reference through a closure, a slot, C code).
     """
 
     path: str
@@ -38,6 +40,7 @@ class HolderChain:
     stage: str = "backward"
     kinds: tuple = ()
     inner_package: str = None
+    steps: tuple = ()
 
 
 @dataclasses.dataclass

@@ -1,0 +1,188 @@
+"""Release one leaked model: cut the pack's cache entry that holds it, let ComfyUI collect, and write the receipt.
+
+:func:`release` is what the route, ``/memx/free`` with ``release`` and the ``auto`` policy call.  In order it:
+
+1. takes the model's holders from its last search (``record.leak["referrers"]`` and ``record.holder_steps``) and
+   picks the one to cut (:func:`~comfy_memx.leaks.release.plan.choose`): a refusal says why and what the pack's fix
+   is, and nothing is touched;
+2. refuses a model that is in use: a live ModelPatcher refers to it (ComfyUI's output cache, a node's output, its
+   loaded list), or the prompt that loaded it is still running;
+3. under the process's search desk (no holder search runs meanwhile, so none of its lists keeps the model), walks
+   the chain again and checks every object on it (:mod:`~comfy_memx.leaks.release.walk`): a changed container is
+   answered ``changed`` with nothing cut;
+4. cuts, drops every reference of its own, runs a full collection only if the model is still alive, empties
+   torch's device cache (ComfyUI's ``soft_empty_cache``), and reads RSS, VRAM and pinned bytes before and after;
+5. reads the model's weakref: dead is ``released``; alive is ``survivor``, searched again so that the receipt names
+   the next holder.
+
+Each receipt is a ``release`` event, kept in the :class:`ReleaseBook` (the last :data:`KEPT`), and counted in the
+metrics.  Nothing here holds a model beyond one call; the receipt holds names and numbers only.
+"""
+
+import collections
+import gc
+import logging
+import sys
+import time
+
+from comfy_memx.core.comfyui import running_prompt_ids
+from comfy_memx.core.process import memory_snapshot
+from comfy_memx.core.state import STATE
+from comfy_memx.leaks import watch
+from comfy_memx.leaks.release import plan as plans
+from comfy_memx.leaks.release import walk
+
+log = logging.getLogger("comfy_memx")
+
+KEPT = 64
+RELEASED, SURVIVOR, REFUSED, CHANGED, IN_USE, FAILED, BUSY, GONE = (
+    "released", "survivor", "refused", "changed", "in_use", "failed", "busy", "gone")
+RETRIED = (IN_USE, CHANGED, BUSY)   # outcomes after which ``auto`` tries the model again at its next warning
+
+
+class ReleaseBook:
+    """The releases of this process (a part of the process state): the last :data:`KEPT` receipts."""
+
+    def __init__(self):
+        self.receipts = collections.deque(maxlen=KEPT)
+
+
+def book():
+    """This process's :class:`ReleaseBook`."""
+    return STATE.part(ReleaseBook)
+
+
+def release(record, trigger, path=None, referrers=None, model_management=None):
+    """Cut the holder of leaked model ``record`` (the one at ``path``, default the releasable one its last search
+    found; ``referrers``: the holders of a search whose result the record does not keep, a model ComfyUI never warned
+    about); returns the receipt (``outcome`` says what happened; see the module docstring)."""
+    mm = model_management if model_management is not None else sys.modules.get("comfy.model_management")
+    receipt = _blank(record, trigger)
+    if referrers is None:
+        referrers = (record.leak or {}).get("referrers") or ()
+    decision = plans.choose(list(referrers), dict(record.holder_steps), path)
+    if decision is None:
+        return _finish(record, receipt, REFUSED, reason=("no holder at that path (see the model's leak.referrers)"
+                                                         if path is not None else "no holder known: search it first"))
+    referrer = decision.referrer
+    receipt.update(package=referrer.get("holder_package") or referrer.get("package"),
+                   pattern=referrer.get("pattern"), path=referrer.get("path"))
+    if isinstance(decision, plans.Refusal):
+        return _finish(record, receipt, REFUSED, reason=decision.why, fix=decision.fix)
+    searches = watch.desk()
+    if not searches.running.acquire(timeout=watch.WAIT_FOR_SEARCH_S):
+        return _finish(record, receipt, BUSY, reason="a holder search of comfy_memx is running; try again shortly")
+    try:
+        outcome = _cut(record, decision, mm, receipt)
+    finally:
+        searches.running.release()
+    if outcome == SURVIVOR:
+        found = watch.search_now(record)
+        receipt["next_holder"] = found.get("holder")
+    return _finish(record, receipt, outcome)
+
+
+def _cut(record, decision, mm, receipt):
+    """Steps 2 to 4 of the module docstring under the search desk; returns the outcome."""
+    module = record.module_ref()
+    if module is None:
+        receipt["reason"] = "the model was freed before the release"
+        return GONE
+    try:
+        busy = in_use(record, module, mm)
+        if busy is not None:
+            receipt["reason"] = busy
+            return IN_USE
+        receipt["memory"] = {"before": memory_snapshot()}
+        receipt["cut"] = plans.cut_text(decision.steps, decision.cut_at)
+        try:
+            receipt.update(walk.cut(decision.steps, decision.cut_at, module))
+        except walk.Changed as exc:
+            receipt.update(reason=f"the container changed since the search ({exc}); nothing was cut", cut=None,
+                           memory=None)
+            return CHANGED
+        except walk.CutFailed as exc:
+            receipt.update(reason=f"{exc}; nothing was cut", cut=None, memory=None)
+            return FAILED
+    finally:
+        del module
+    if record.module_ref() is not None:
+        gc.collect()
+    _empty_device_cache(mm)
+    receipt["memory"]["after"] = memory_snapshot()
+    receipt["died"] = record.module_ref() is None
+    return RELEASED if receipt["died"] else SURVIVOR
+
+
+def in_use(record, module, mm):
+    """Why ``module`` must not be cut now (a sentence), or None: a ModelPatcher still refers to it, ComfyUI's loaded
+    list holds it with a live patcher, or the prompt that loaded it is running."""
+    if record.live_patchers():
+        return "a ModelPatcher still uses it (ComfyUI's output cache or a node holds its MODEL)"
+    for entry in list(getattr(mm, "current_loaded_models", ())):
+        ref = getattr(entry, "real_model", None)
+        if ref is not None and ref() is module and getattr(entry, "model", None) is not None:
+            return "ComfyUI's loaded list uses it"
+    prompt_id = record.owner.prompt_id
+    if prompt_id is not None and prompt_id in running_prompt_ids():
+        return f"prompt {prompt_id}, which loaded it, is still running"
+    return None
+
+
+def release_automatically(records):
+    """The ``auto`` policy, after ComfyUI's leak warning: release each rooted leak whose holder package is in
+    ``COMFY_MEMX_RELEASE_PACKAGES``, once (a model that was in use, or whose container changed, is tried again at
+    its next warning; a changed one is searched again first)."""
+    wanted = STATE.config.release_packages
+    for record in records:
+        leak = record.leak
+        if leak is None or leak.get("stage") != "rooted" or leak.get("release") not in (None, *RETRIED):
+            continue
+        package = (leak.get("holder") or {}).get("package")
+        if package is None or (wanted != ("*",) and package not in wanted):
+            continue
+        if leak.get("release") == CHANGED:
+            watch.search_now(record)
+        release(record, "auto")
+
+
+def _blank(record, trigger):
+    return {"model": record.model, "model_id": record.model_id, "trigger": trigger, "outcome": None, "package": None,
+            "pattern": None, "path": None, "cut": None, "method": None, "other_entries_dropped": 0,
+            "bytes": int(record.model_bytes or 0), "memory": None, "died": False, "next_holder": None,
+            "reason": None, "fix": None, "time": round(time.time(), 6)}
+
+
+def _finish(record, receipt, outcome, reason=None, fix=None):
+    receipt["outcome"] = outcome
+    if record.leak is not None:
+        record.leak["release"] = outcome   # what the read-model shows, and what ``auto`` tries again
+    if reason is not None:
+        receipt["reason"] = reason
+    if fix is not None:
+        receipt["fix"] = fix
+    book().receipts.append(receipt)
+    emit = STATE.events.emit if receipt["trigger"] == "auto" else STATE.events.emit_request   # requests: rate-limited
+    emit("release", **receipt)
+    _log(receipt)
+    return receipt
+
+
+def _log(receipt):
+    name = f"{receipt['model']} ({receipt['model_id']})"
+    if receipt["outcome"] in (RELEASED, SURVIVOR):
+        log.warning("comfy_memx: released leaked model %s: cut %s (package %s, %s)%s", name, receipt["cut"],
+                    receipt["package"], receipt["pattern"],
+                    "" if receipt["died"] else f"; still held by {(receipt['next_holder'] or {}).get('path', '?')}")
+    else:
+        log.info("comfy_memx: did not release %s (%s): %s", name, receipt["outcome"], receipt["reason"])
+
+
+def _empty_device_cache(mm):
+    soft_empty_cache = getattr(mm, "soft_empty_cache", None)
+    if soft_empty_cache is None:
+        return
+    try:
+        soft_empty_cache()
+    except Exception as exc:   # ComfyUI's own function: what it raises is not ours to report as a bug
+        log.warning("comfy_memx: soft_empty_cache after a release raised %s: %s", type(exc).__name__, exc)
