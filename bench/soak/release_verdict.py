@@ -12,8 +12,11 @@ The rules (``RELEASE_*`` in :mod:`bench.soak.config`; ``lag`` = ``RELEASE_LAG`` 
 * RSS growth of a server: the median VmRSS after the last ``RELEASE_RSS_WINDOW`` prompts minus the median after
   the ``RELEASE_RSS_WINDOW`` prompts starting at the warm-up prompt (``ceil(prompts * warmup)``); the leaked bytes
   are the model bytes of the leak prompts between the middles of those two windows. With release: growth <=
-  ``fixed``'s growth + ``RELEASE_RSS_SLACK_MODELS`` models' bytes. Without release: growth >=
-  ``RELEASE_LEAK_RSS_FRACTION`` of the leaked bytes (the soak measures something);
+  ``fixed``'s growth + ``RELEASE_RSS_SLACK_MODELS`` models' bytes, checked at >= ``PERF_CHECK_MIN_PROMPTS`` prompts
+  and reported below that (``auto``'s RSS rises by about 15 MiB over its first ~80 prompts and stays flat after,
+  which a short run's window cannot tell from growth; the models alive at a sample, one or two, move it by a model's
+  bytes too). Without release, at any length: growth >= ``RELEASE_LEAK_RSS_FRACTION`` of the leaked bytes (the
+  soak measures something);
 * images: for every prompt the four servers' PNG files have the same SHA-256, and a reuse prompt's file equals its
   original prompt's on every server (the same workflow before and after a release gives the same output);
 * latency: the median over prompts of ``auto``'s end-to-end latency over ``plain``'s for the same prompt
@@ -217,8 +220,9 @@ def evaluate_release(report, check):
     limit = None if growth["fixed"] is None else growth["fixed"] + RELEASE_RSS_SLACK_MODELS * per_model
     add("RSS growth with release (auto) <= fixed pack's + 2 models, MiB", _mib(growth["auto"]),
         None if limit is None else round(limit / MIB, 1),
-        None if growth["auto"] is None or limit is None else growth["auto"] <= limit,
-        note=None if growth["auto"] is not None else "run too short for two RSS windows")
+        None if growth["auto"] is None or limit is None else growth["auto"] <= limit, hard=False,
+        note="run too short for two RSS windows" if growth["auto"] is None else (
+            None if perf_checked else f"reported only (checked at >= {PERF_CHECK_MIN_PROMPTS} prompts)"))
     leaked = figures["leaked_bytes"]
     floor = None if leaked is None else RELEASE_LEAK_RSS_FRACTION * leaked
     add("RSS growth without release (off) >= half the leaked bytes, MiB", _mib(growth["off"]),

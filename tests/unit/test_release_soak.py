@@ -289,13 +289,17 @@ def test_each_missed_target_fails_the_check(change):
     assert soak.exit_status(targets_of(report, check=False)) == 0
 
 
-def test_short_runs_report_the_latency_without_checking_it():
+def test_short_runs_report_the_latency_and_the_release_rss_without_checking_them():
     report = good_release_report(60)
     report["servers"]["auto"]["e2e_s"] = [0.6] * 60
+    report["servers"]["auto"]["rss_after"] = [(i, 900 * MIB + i * MIB, 0) for i in range(60)]
     targets = targets_of(report)
-    latency = next(t for t in targets if t["name"].startswith("median of paired latencies"))
-    assert latency["met"] is False and not latency["checked"]
+    for prefix in ("median of paired latencies", "RSS growth with release"):
+        target = next(t for t in targets if t["name"].startswith(prefix))
+        assert target["met"] is False and not target["checked"], target
     assert soak.exit_status(targets) == 0
+    report["servers"]["off"]["rss_after"] = [(i, 900 * MIB, 0) for i in range(60)]   # no growth without release
+    assert soak.exit_status(targets_of(report)) == 1
 
 
 def test_summary_renders_a_full_and_an_empty_report():
