@@ -12,8 +12,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def pack_source(name):
-    """The folder of the node pack ``name`` (``memx_test_nodes``, ``memx_unload_nodes``, ``memx_soak_nodes``), to
-    copy into a ComfyUI ``custom_nodes`` folder or to load outside ComfyUI."""
+    """The folder of the node pack ``name`` (``memx_test_nodes``, ``memx_unload_nodes``, ``memx_soak_nodes``,
+    ``memx_release_nodes``), to copy into a ComfyUI ``custom_nodes`` folder or to load outside ComfyUI."""
     return os.path.join(HERE, name)
 
 

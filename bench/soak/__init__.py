@@ -4,6 +4,7 @@
 
     python -m bench.soak --comfyui PATH [--python PY] [--prompts N] [--leak-mode strict|report|off] [--check]
                          [--json OUT] [--checkpoint FILE] [--port-base P] [--timeout S] [--no-plain]
+                         [--workload reuse|new-leaks|release] [--reuse-every K] [--features F] [--depth D]
                          [--work-dir DIR] [--keep]
 
 Standard library only (``bench.harness.drive`` starts, drives and stops the servers); the
@@ -56,10 +57,19 @@ census must show no ComfyUI ModelPatcher or BaseModel alive after the final free
 work folder (server logs, event log, outputs) is removed at the end unless ``--keep`` or the run missed a hard
 target; its path is in the report.
 
+``--workload release`` (default 300 prompts) is a soak of its own (:mod:`bench.soak.release`): four servers side by
+side (plain ComfyUI with the release pack ``bench/harness/memx_release_nodes`` as written, plain ComfyUI with the
+pack's caches off, comfy_memx with ``COMFY_MEMX_RELEASE=off`` and with ``auto`` for that pack), every prompt leaking a
+new model through one of the pack's caches (class dict by resolution, unbounded and bounded ``lru_cache``, module
+list) and every ``--reuse-every``-th prompt repeating an old one. It reports survivors by the pack's census, RSS growth
+against the leaked bytes, the SHA-256 of every saved image, the paired latency ratio and the ``release`` receipts;
+its rules are in :mod:`bench.soak.release_verdict`.
+
 The package, one module a job: ``config`` (what a run is made of, the targets), ``workload`` (the prompts),
 ``servers`` (base folders, starting and stopping both servers, running prompts, pollers, frees, final checks),
 ``measurements`` (statistics, log and event-log scanning, /proc memory), ``verdict`` (survivors, census, targets,
-exit status, summary), ``cli`` (options and ``main``); ``python -m bench.soak`` runs :func:`bench.soak.cli.main`.
+exit status, summary), ``release_workload``, ``release`` and ``release_verdict`` (the release soak's prompts,
+servers and verdict), ``cli`` (options and ``main``); ``python -m bench.soak`` runs :func:`bench.soak.cli.main`.
 """
 
 from bench.soak.cli import main, parse_args  # noqa: F401

@@ -10,9 +10,14 @@ import signal
 import sys
 import time
 
-from bench.soak.config import HERE, LEAK_MODES, PERF_CHECK_MIN_PROMPTS, ROOT, WORKLOADS, WORKLOAD_REUSE
+from bench.soak.config import (HERE, LEAK_MODES, PERF_CHECK_MIN_PROMPTS, ROOT, WORKLOADS, WORKLOAD_RELEASE,
+                               WORKLOAD_REUSE)
+from bench.soak.release import run_release_soak
+from bench.soak.release_verdict import analyse, evaluate_release, format_release_summary
 from bench.soak.verdict import compare_rss, evaluate, exit_status, format_summary
 from bench.soak.servers import check_importable, run_soak
+
+DEFAULT_PROMPTS = {WORKLOAD_RELEASE: 300}
 
 
 def _positive_int(text):
@@ -50,11 +55,14 @@ def build_parser():
     parser.add_argument("--comfyui", required=True, metavar="PATH", help="ComfyUI tree (the folder with main.py)")
     parser.add_argument("--python", default=sys.executable, metavar="PY",
                         help="interpreter that runs ComfyUI and can import comfy_memx (default: this one)")
-    parser.add_argument("--prompts", type=_positive_int, default=500, metavar="N", help="prompts per server (500)")
+    parser.add_argument("--prompts", type=_positive_int, metavar="N",
+                        help="prompts per server (500; 300 with --workload release)")
     parser.add_argument("--leak-mode", choices=LEAK_MODES, default="strict", help="comfy_memx leak mode (strict)")
     parser.add_argument("--workload", choices=WORKLOADS, default=WORKLOAD_REUSE,
                         help="reuse: six slots keep leaking the same few models (default); new-leaks: every prompt "
-                             "leaks a model never seen before (the cost of strict mode per new leak)")
+                             "leaks a model never seen before (the cost of strict mode per new leak); release: four "
+                             "servers (plain, the fixed pack, comfy_memx with release off and auto) on the release "
+                             "pack, every prompt leaking a new model through one of its caches")
     parser.add_argument("--check", action="store_true",
                         help="exit status 1 when a hard target is missed (performance targets too at >= "
                              f"{PERF_CHECK_MIN_PROMPTS} prompts)")
@@ -78,6 +86,13 @@ def build_parser():
     parser.add_argument("--no-plain", action="store_true",
                         help="run only the comfy_memx server (half the time; no latency or RSS comparison, the census "
                              "is checked against absolute expectations): for short CI smoke soaks")
+    parser.add_argument("--reuse-every", type=_positive_int, default=10, metavar="K",
+                        help="release workload: every K-th prompt repeats an earlier one, whose model the pack must "
+                             "recompute where it was released (10)")
+    parser.add_argument("--features", type=_positive_int, default=1024, metavar="F",
+                        help="release workload: width of the pack's square Linear layers (1024)")
+    parser.add_argument("--depth", type=_positive_int, default=2, metavar="D",
+                        help="release workload: Linear layers per model (2: 8 MiB models with 1024 features)")
     parser.add_argument("--work-dir", metavar="DIR", help="work folder (default: a new temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, event log) at the end")
     return parser
@@ -87,6 +102,14 @@ def parse_args(argv=None):
     """Parse and cross-check the command line (argparse exits with status 2 on an error)."""
     parser = build_parser()
     options = parser.parse_args(argv)
+    if options.prompts is None:
+        options.prompts = DEFAULT_PROMPTS.get(options.workload, 500)
+    if options.workload == WORKLOAD_RELEASE and options.no_plain:
+        parser.error("--no-plain: the release workload always runs its four servers side by side")
+    if options.workload == WORKLOAD_RELEASE and options.reuse_every < 2:
+        parser.error(f"--reuse-every must be >= 2, got {options.reuse_every}")
+    if not 8 <= options.features <= 8192 or options.depth > 64:
+        parser.error("--features at most 8192 and --depth at most 64 (the pack's input limits)")
     if options.timeout is None:
         options.timeout = 900.0 + 30.0 * options.prompts
     if options.checkpoint is not None and not os.path.isfile(options.checkpoint):
@@ -117,9 +140,16 @@ def main(argv=None):
     def log(message):
         print(message, flush=True)
 
-    report = run_soak(options, log)
-    compare_rss(report)
-    report["targets"] = evaluate(report, options.check)
+    if options.workload == WORKLOAD_RELEASE:
+        report = run_release_soak(options, log)
+        analyse(report)
+        report["targets"] = evaluate_release(report, options.check)
+        summary = format_release_summary
+    else:
+        report = run_soak(options, log)
+        compare_rss(report)
+        report["targets"] = evaluate(report, options.check)
+        summary = format_summary
     report["check"] = options.check
     report["exit_status"] = 130 if report.get("interrupted") else exit_status(report["targets"])
     hard_missed = any(t["hard"] and t["met"] is not True for t in report["targets"])
@@ -129,7 +159,7 @@ def main(argv=None):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(report, handle, indent=1, default=str)
-    print(format_summary(report))
+    print(summary(report))
     print(f"report: {path}" + (f"; logs kept in {report['work_dir']}" if keep else ""))
     if not keep:
         shutil.rmtree(report["work_dir"], ignore_errors=True)

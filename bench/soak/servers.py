@@ -123,15 +123,15 @@ class Server:
         return vmrss, anon
 
 
-def wait_history(server, prompt_id, deadline):
-    """Poll /history/<id> every HISTORY_POLL_S until the prompt completed; return its entry or None."""
+def wait_history(server, prompt_id, deadline, poll=HISTORY_POLL_S):
+    """Poll /history/<id> every ``poll`` seconds until the prompt completed; return its entry or None."""
     while time.monotonic() < deadline and server.comfy.alive():
         status, body = drive.http_call("GET", f"{server.url}/history/{prompt_id}", timeout=10.0)
         if status == 200 and isinstance(body, dict) and prompt_id in body:
             entry = body[prompt_id]
             if entry.get("status", {}).get("completed") is not None or entry.get("outputs"):
                 return entry
-        time.sleep(HISTORY_POLL_S)
+        time.sleep(poll)
     return None
 
 
@@ -147,8 +147,9 @@ def exec_seconds(entry):
     return None
 
 
-def run_prompt(server, item, deadline, on_submitted=None):
-    """Submit one workload prompt and wait for it; returns its record (``ok``, ``e2e_s``, ``exec_s``, ...)."""
+def run_prompt(server, item, deadline, on_submitted=None, poll=HISTORY_POLL_S):
+    """Submit one workload prompt and wait for it (polling its history every ``poll`` seconds); returns its record
+    (``ok``, ``e2e_s``, ``exec_s``, ...) and the history entry."""
     started = time.monotonic()
     status, body = drive.submit_prompt(server.comfy, item["prompt"], client_id=f"memx-soak-{server.label}")
     prompt_id = body.get("prompt_id") if isinstance(body, dict) else None
@@ -159,7 +160,7 @@ def run_prompt(server, item, deadline, on_submitted=None):
     server.prompt_ids[prompt_id] = item["index"]
     if on_submitted is not None:
         on_submitted()
-    entry = wait_history(server, prompt_id, deadline)
+    entry = wait_history(server, prompt_id, deadline, poll)
     record["e2e_s"] = time.monotonic() - started
     if entry is None:
         record["error"] = "no history entry before the deadline" + ("" if server.comfy.alive() else " (server exited)")
