@@ -31,7 +31,7 @@ from bench.soak.config import (FINAL_RESERVE_S, RELEASE_CACHE_SWITCH, RELEASE_LA
                                RELEASE_PACK_SOURCE, RELEASE_SAVE_ID, RELEASE_SERVERS)
 from bench.soak.measurements import describe, read_proc_memory, scan_log, thin, validate_event_file
 from bench.soak.release_workload import build_release_workload, model_bytes, release_census_prompt
-from bench.soak.servers import run_prompt
+from bench.soak.servers import SoakProcess, run_prompt
 
 HISTORY_POLL_S = 0.02   # the prompts take a few tenths of a second: poll their history finely
 
@@ -57,7 +57,7 @@ def server_env(label, leak_mode, events_path):
     return env
 
 
-class ReleaseServer:
+class ReleaseServer(SoakProcess):
     """One server of the release soak: its ComfyUI process, prompt records, after-prompt RSS and image hashes."""
 
     def __init__(self, label, options, base, port):
@@ -78,27 +78,8 @@ class ReleaseServer:
         env.update(extra)
         env.update(server_env(label, options.leak_mode, self.events_path))
         env["PYTHONUNBUFFERED"] = "1"
-        self.argv, self.env_set = argv, {k: v for k, v in env.items() if k.startswith(("COMFY_MEMX", "MEMX_"))}
-        self.log_path = os.path.join(base, "server.log")
-        self.comfy = drive.ComfyServer(argv, os.path.abspath(options.comfyui), env, self.log_path, port)
-        self.url = self.comfy.base_url
-        if self.events_path and os.path.exists(self.events_path):
-            os.unlink(self.events_path)
-        self.boot_s = None
-        self.stats = None
-
-    @property
-    def pid(self):
-        return self.comfy.process.pid if self.comfy.process is not None else None
-
-    def start(self):
-        self.started = time.monotonic()
-        self.comfy.start()
-
-    def wait_ready(self, timeout):
-        self.stats = self.comfy.wait_ready(timeout)
-        self.boot_s = time.monotonic() - self.started
-        return self.stats is not None
+        self.env_set = {k: v for k, v in env.items() if k.startswith(("COMFY_MEMX", "MEMX_"))}
+        self.launch(argv, env, options, base, port, self.events_path)
 
     def image_hash(self, entry):
         """SHA-256 of the PNG file the prompt's SaveImage wrote (read from this server's output folder), or None."""

@@ -67,7 +67,36 @@ def check_importable(python, module="comfy_memx"):
     return result.stdout.strip()[-1000:] or f"exit status {result.returncode}"
 
 
-class Server:
+class SoakProcess:
+    """The ComfyUI process of one soak server: launched from ``argv`` and ``env`` in the tree, logging to
+    ``base/server.log``; its events file (if any) starts empty, so that a reused --work-dir validates this run's only."""
+
+    def launch(self, argv, env, options, base, port, events_path):
+        """Set up the process (not started): ``comfy``, ``url``, ``log_path``; forget a previous run's events."""
+        self.argv = argv
+        self.log_path = os.path.join(base, "server.log")
+        self.comfy = drive.ComfyServer(argv, os.path.abspath(options.comfyui), env, self.log_path, port)
+        self.url = self.comfy.base_url
+        if events_path and os.path.exists(events_path):
+            os.unlink(events_path)
+        self.boot_s = None
+        self.stats = None
+
+    @property
+    def pid(self):
+        return self.comfy.process.pid if self.comfy.process is not None else None
+
+    def start(self):
+        self.started = time.monotonic()
+        self.comfy.start()
+
+    def wait_ready(self, timeout):
+        self.stats = self.comfy.wait_ready(timeout)
+        self.boot_s = time.monotonic() - self.started
+        return self.stats is not None
+
+
+class Server(SoakProcess):
     """One soak server: its ComfyUI process, its prompt records, RSS samples, poll and free results."""
 
     def __init__(self, label, options, base, port, events_path=None):
@@ -93,27 +122,7 @@ class Server:
         if label == "memx":
             env["COMFY_MEMX_LEAK_MODE"] = options.leak_mode
             env["COMFY_MEMX_EVENTS"] = events_path
-        self.argv = argv
-        self.log_path = os.path.join(base, "server.log")
-        self.comfy = drive.ComfyServer(argv, os.path.abspath(options.comfyui), env, self.log_path, port)
-        self.url = self.comfy.base_url
-        if events_path and os.path.exists(events_path):
-            os.unlink(events_path)  # a reused --work-dir: validate this run's events only
-        self.boot_s = None
-        self.stats = None
-
-    @property
-    def pid(self):
-        return self.comfy.process.pid if self.comfy.process is not None else None
-
-    def start(self):
-        self.started = time.monotonic()
-        self.comfy.start()
-
-    def wait_ready(self, timeout):
-        self.stats = self.comfy.wait_ready(timeout)
-        self.boot_s = time.monotonic() - self.started
-        return self.stats is not None
+        self.launch(argv, env, options, base, port, events_path)
 
     def sample(self, clock_start, prompts_done):
         vmrss, anon = read_proc_memory(self.pid)
