@@ -211,3 +211,12 @@ def read_proc_memory(pid):
     except (OSError, ValueError, IndexError):
         return None, None
     return values.get("VmRSS"), values.get("RssAnon")
+
+
+def format_value(value, digits=3):
+    """A figure as the soak summaries print it: ``-`` for None, floats with ``digits`` decimals."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)

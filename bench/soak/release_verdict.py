@@ -31,7 +31,7 @@ import statistics
 from bench.soak.config import (MIB, PERF_CHECK_MIN_PROMPTS, RELEASE_LAG, RELEASE_LATENCY_TARGET,
                                RELEASE_LEAK_RSS_FRACTION, RELEASE_RSS_SLACK_MODELS, RELEASE_RSS_WINDOW,
                                RELEASE_SERVERS)
-from bench.soak.measurements import paired_median_ratio
+from bench.soak.measurements import format_value, paired_median_ratio
 from bench.soak.release_workload import LEAK, REUSE, distinct_keys, recent_keys
 
 
@@ -240,14 +240,6 @@ def _mib(value):
     return None if value is None else round(value / MIB, 1)
 
 
-def _fmt(value, digits=3):
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
 def format_release_summary(report):
     """The readable summary: per-server figures in one table, the cross-server figures, then the targets."""
     figures = report.get("figures") or {}
@@ -256,7 +248,7 @@ def format_release_summary(report):
     rows = [("figure",) + RELEASE_SERVERS]
 
     def cells(function):
-        return tuple(_fmt(function(servers.get(label) or {}, per.get(label) or {})) for label in RELEASE_SERVERS)
+        return tuple(format_value(function(servers.get(label) or {}, per.get(label) or {})) for label in RELEASE_SERVERS)
 
     rows += [
         ("prompts run / failed",) + cells(lambda s, f: f"{s.get('prompts_run', 0)} / {s.get('failed', 0)}"),
@@ -264,7 +256,7 @@ def format_release_summary(report):
         ("median ComfyUI execution (s)",) + cells(lambda s, f: s.get("latency", {}).get("exec", {}).get("median")),
         ("p90 latency, end to end (s)",) + cells(lambda s, f: s.get("latency", {}).get("e2e", {}).get("p90")),
         ("VmRSS first / last (MiB)",) + cells(lambda s, f: "/".join(
-            _fmt(None if not s.get("rss_after") or s["rss_after"][i][1] is None else s["rss_after"][i][1] / MIB, 0)
+            format_value(None if not s.get("rss_after") or s["rss_after"][i][1] is None else s["rss_after"][i][1] / MIB, 0)
             for i in (0, -1))),
         ("RSS growth over the window (MiB)",) + cells(lambda s, f: _mib(f.get("rss_growth"))),
         ("pack models alive at the end",) + cells(lambda s, f: (f.get("survivors") or {}).get("alive")),
@@ -281,8 +273,8 @@ def format_release_summary(report):
     lines = [f"release soak: ComfyUI {report.get('comfyui_version')} ({report.get('comfyui')}), comfy_memx "
              f"{(servers.get('auto') or {}).get('log', {}).get('comfy_memx_version')}, {report.get('prompts')} "
              f"prompts per server ({workload.get('leak_prompts')} leak, {workload.get('reuse_prompts')} reuse), "
-             f"models of {_fmt((workload.get('model_bytes') or 0) / MIB, 1)} MiB, {_fmt(report.get('wall_s'), 0)} s, "
-             f"load average {_fmt((report.get('loadavg_1m_during') or {}).get('median'), 1)}"]
+             f"models of {format_value((workload.get('model_bytes') or 0) / MIB, 1)} MiB, {format_value(report.get('wall_s'), 0)} s, "
+             f"load average {format_value((report.get('loadavg_1m_during') or {}).get('median'), 1)}"]
     for number, row in enumerate(rows):
         lines.append("  ".join(str(cell).ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
         if number == 0:
@@ -291,9 +283,9 @@ def format_release_summary(report):
     ratios = figures.get("latency_ratios") or {}
     lines.append("")
     lines.append(f"RSS window: after prompts {window[0] if window else '-'}.. to ..{window[1] if window else '-'}; "
-                 f"leaked over it without release: {_fmt(None if leaked is None else leaked / MIB, 0)} MiB")
-    lines.append("latency ratios (median of paired prompts): " + ", ".join(f"{k} {_fmt(v)}" for k, v in ratios.items())
-                 + f"; ComfyUI execution auto/plain {_fmt(figures.get('exec_ratio'))}")
+                 f"leaked over it without release: {format_value(None if leaked is None else leaked / MIB, 0)} MiB")
+    lines.append("latency ratios (median of paired prompts): " + ", ".join(f"{k} {format_value(v)}" for k, v in ratios.items())
+                 + f"; ComfyUI execution auto/plain {format_value(figures.get('exec_ratio'))}")
     auto_r = ((figures.get("releases") or {}).get("auto") or {})
     lines.append("auto's receipts by pattern: " + ", ".join(f"{k} {v}" for k, v in (auto_r.get("by_pattern") or {}).items())
                  + "; by method: " + ", ".join(f"{k} {v}" for k, v in (auto_r.get("by_method") or {}).items()))
@@ -302,5 +294,5 @@ def format_release_summary(report):
     for target in report.get("targets") or []:
         verdict = {True: "met", False: "MISSED", None: "n/a"}[target["met"]]
         note = f"  ({target['note']})" if target.get("note") else ""
-        lines.append(f"  [{verdict:6}] {target['name']}: {_fmt(target['value'])} (target {target['limit']}){note}")
+        lines.append(f"  [{verdict:6}] {target['name']}: {format_value(target['value'])} (target {target['limit']}){note}")
     return "\n".join(lines)

@@ -3,7 +3,7 @@ met or missed, the exit status and the summary table."""
 
 from bench.soak.config import (LATENCY_TARGET, MIB, NET_CLASS_NAME, PACK_NAME, PERF_CHECK_MIN_PROMPTS,
                                RSS_TARGET_MIB_PER_100)
-from bench.soak.measurements import median_ratio, paired_median_ratio
+from bench.soak.measurements import format_value, median_ratio, paired_median_ratio
 
 
 def is_pack_model(survivor):
@@ -124,14 +124,6 @@ def exit_status(targets):
     return 1 if any(t["checked"] and t["met"] is not True for t in targets) else 0
 
 
-def _fmt(value, digits=3):
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
 def format_summary(report):
     """The readable summary: one table of per-server figures, then the targets."""
     memx, plain = report["servers"]["memx"], report["servers"]["plain"]
@@ -148,25 +140,25 @@ def format_summary(report):
     rows += [
         ("prompts run / failed", f"{memx.get('prompts_run', 0)} / {memx.get('failed', 0)}",
          f"{plain.get('prompts_run', 0)} / {plain.get('failed', 0)}", ""),
-        ("median latency, end to end (s)", _fmt(lat(memx, "e2e")), _fmt(lat(plain, "e2e")),
-         _fmt(comparison.get("latency_ratio"))),
-        ("median ComfyUI execution time (s)", _fmt(lat(memx, "exec")), _fmt(lat(plain, "exec")),
-         _fmt(comparison.get("exec_ratio"))),
+        ("median latency, end to end (s)", format_value(lat(memx, "e2e")), format_value(lat(plain, "e2e")),
+         format_value(comparison.get("latency_ratio"))),
+        ("median ComfyUI execution time (s)", format_value(lat(memx, "exec")), format_value(lat(plain, "exec")),
+         format_value(comparison.get("exec_ratio"))),
         ("median latency t2i / t2i+pack (s)",
-         f"{_fmt(lat(memx, 'e2e_t2i'))} / {_fmt(lat(memx, 'e2e_t2i+pack'))}",
-         f"{_fmt(lat(plain, 'e2e_t2i'))} / {_fmt(lat(plain, 'e2e_t2i+pack'))}",
-         f"{_fmt(comparison.get('latency_ratio_t2i'))} / {_fmt(comparison.get('latency_ratio_t2i+pack'))}"),
-        ("p90 latency, end to end (s)", _fmt(memx.get("latency", {}).get("e2e", {}).get("p90")),
-         _fmt(plain.get("latency", {}).get("e2e", {}).get("p90")), ""),
+         f"{format_value(lat(memx, 'e2e_t2i'))} / {format_value(lat(memx, 'e2e_t2i+pack'))}",
+         f"{format_value(lat(plain, 'e2e_t2i'))} / {format_value(lat(plain, 'e2e_t2i+pack'))}",
+         f"{format_value(comparison.get('latency_ratio_t2i'))} / {format_value(comparison.get('latency_ratio_t2i+pack'))}"),
+        ("p90 latency, end to end (s)", format_value(memx.get("latency", {}).get("e2e", {}).get("p90")),
+         format_value(plain.get("latency", {}).get("e2e", {}).get("p90")), ""),
         ("VmRSS first / last / max (MiB)",
-         f"{_fmt(rss(memx, 'first'), 0)} / {_fmt(rss(memx, 'last'), 0)} / {_fmt(rss(memx, 'max'), 0)}",
-         f"{_fmt(rss(plain, 'first'), 0)} / {_fmt(rss(plain, 'last'), 0)} / {_fmt(rss(plain, 'max'), 0)}", ""),
-        ("VmRSS growth (MiB/100 prompts)", _fmt(memx.get("rss", {}).get("growth_mib_per_100")),
-         _fmt(plain.get("rss", {}).get("growth_mib_per_100")),
-         "caused " + _fmt(comparison.get("rss_growth_caused_mib_per_100"))),
-        ("RssAnon growth (MiB/100 prompts)", _fmt(memx.get("rss", {}).get("anon_growth_mib_per_100")),
-         _fmt(plain.get("rss", {}).get("anon_growth_mib_per_100")),
-         "caused " + _fmt(comparison.get("anon_growth_caused_mib_per_100"))),
+         f"{format_value(rss(memx, 'first'), 0)} / {format_value(rss(memx, 'last'), 0)} / {format_value(rss(memx, 'max'), 0)}",
+         f"{format_value(rss(plain, 'first'), 0)} / {format_value(rss(plain, 'last'), 0)} / {format_value(rss(plain, 'max'), 0)}", ""),
+        ("VmRSS growth (MiB/100 prompts)", format_value(memx.get("rss", {}).get("growth_mib_per_100")),
+         format_value(plain.get("rss", {}).get("growth_mib_per_100")),
+         "caused " + format_value(comparison.get("rss_growth_caused_mib_per_100"))),
+        ("RssAnon growth (MiB/100 prompts)", format_value(memx.get("rss", {}).get("anon_growth_mib_per_100")),
+         format_value(plain.get("rss", {}).get("anon_growth_mib_per_100")),
+         "caused " + format_value(comparison.get("anon_growth_caused_mib_per_100"))),
         ("tracebacks (comfy_memx) / internal errors",
          f"{memx.get('log', {}).get('tracebacks', 0)} ({memx.get('log', {}).get('comfy_memx_tracebacks', 0)})"
          f" / {len(memx.get('log', {}).get('internal_errors', []))}",
@@ -184,8 +176,8 @@ def format_summary(report):
                  f"{by_event.get('unload', 0)}", "-", ""))
     polls = memx.get("polls", {})
     rows.append(("polls /memx/models, /metrics (max s)",
-                 f"{polls.get('models', {}).get('count', 0)} ({_fmt(polls.get('models', {}).get('max_s'))}), "
-                 f"{polls.get('metrics', {}).get('count', 0)} ({_fmt(polls.get('metrics', {}).get('max_s'))})",
+                 f"{polls.get('models', {}).get('count', 0)} ({format_value(polls.get('models', {}).get('max_s'))}), "
+                 f"{polls.get('metrics', {}).get('count', 0)} ({format_value(polls.get('metrics', {}).get('max_s'))})",
                  f"{plain.get('polls', {}).get('models', {}).get('count', 0)}, "
                  f"{plain.get('polls', {}).get('metrics', {}).get('count', 0)}", ""))
     frees = memx.get("frees", {})
@@ -196,8 +188,8 @@ def format_summary(report):
     widths = [max(len(str(row[i])) for row in rows) for i in range(4)]
     lines = [f"soak: ComfyUI {report.get('comfyui_version')} ({report['comfyui']}), comfy_memx "
              f"{memx.get('log', {}).get('comfy_memx_version')}, leak mode {report['leak_mode']}, "
-             f"{report['prompts']} prompts per server, {_fmt(report.get('wall_s'), 0)} s, load average "
-             f"{_fmt(report.get('loadavg_1m_during', {}).get('median'), 1)} (median of 1-min samples)"]
+             f"{report['prompts']} prompts per server, {format_value(report.get('wall_s'), 0)} s, load average "
+             f"{format_value(report.get('loadavg_1m_during', {}).get('median'), 1)} (median of 1-min samples)"]
     for number, row in enumerate(rows):
         lines.append("  ".join(str(cell).ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
         if number == 0:
@@ -207,7 +199,7 @@ def format_summary(report):
     for target in report["targets"]:
         verdict = {True: "met", False: "MISSED", None: "n/a"}[target["met"]]
         note = f"  ({target['note']})" if target.get("note") else ""
-        lines.append(f"  [{verdict:6}] {target['name']}: {_fmt(target['value'])} (target {target['limit']}){note}")
+        lines.append(f"  [{verdict:6}] {target['name']}: {format_value(target['value'])} (target {target['limit']}){note}")
     return "\n".join(lines)
 
 
