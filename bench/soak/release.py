@@ -31,7 +31,7 @@ from bench.soak.config import (FINAL_RESERVE_S, RELEASE_CACHE_SWITCH, RELEASE_LA
                                RELEASE_PACK_SOURCE, RELEASE_SAVE_ID, RELEASE_SERVERS)
 from bench.soak.measurements import describe, read_proc_memory, scan_log, thin, validate_event_file
 from bench.soak.release_workload import build_release_workload, model_bytes, release_census_prompt
-from bench.soak.servers import SoakProcess, run_prompt
+from bench.soak.servers import SoakProcess, run_prompt, stop_servers
 
 HISTORY_POLL_S = 0.02   # the prompts take a few tenths of a second: poll their history finely
 
@@ -218,12 +218,7 @@ def run_release_soak(options, log=print):
         report["interrupted"] = not isinstance(error, Exception)
     finally:
         stop.set()
-        for server in servers:
-            try:
-                report.setdefault("stops", {})[server.label] = {"exit_code": server.comfy.stop(),
-                                                               "method": server.comfy.stop_method}
-            except Exception as error:   # keep stopping the others
-                report.setdefault("stops", {})[server.label] = {"error": repr(error)}
+        stop_servers(servers, report)
     report["wall_s"] = round(time.monotonic() - wall_start, 1)
     report["loadavg_end"] = os.getloadavg()
     report["loadavg_1m_during"] = describe(loadavg)

@@ -67,6 +67,17 @@ def check_importable(python, module="comfy_memx"):
     return result.stdout.strip()[-1000:] or f"exit status {result.returncode}"
 
 
+def stop_servers(servers, report):
+    """Stop every soak server, recording each one's exit code and how it stopped (or why not) in ``report["stops"]``;
+    one that fails to stop does not keep the others running."""
+    for server in servers:
+        try:
+            report.setdefault("stops", {})[server.label] = {"exit_code": server.comfy.stop(),
+                                                           "method": server.comfy.stop_method}
+        except Exception as error:
+            report.setdefault("stops", {})[server.label] = {"error": repr(error)}
+
+
 class SoakProcess:
     """The ComfyUI process of one soak server: launched from ``argv`` and ``env`` in the tree, logging to
     ``base/server.log``; its events file (if any) starts empty, so that a reused --work-dir validates this run's only."""
@@ -406,12 +417,7 @@ def run_soak(options, log=print):
         report["interrupted"] = not isinstance(error, Exception)
     finally:
         stop.set()
-        for server in servers:
-            try:
-                report.setdefault("stops", {})[server.label] = {"exit_code": server.comfy.stop(),
-                                                               "method": server.comfy.stop_method}
-            except Exception as error:  # keep stopping the others
-                report.setdefault("stops", {})[server.label] = {"error": repr(error)}
+        stop_servers(servers, report)
         for thread in threads:
             thread.join(timeout=5.0)
     report["wall_s"] = round(time.monotonic() - wall_start, 1)
