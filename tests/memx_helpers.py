@@ -95,3 +95,33 @@ def load_module(name, path, register=False):
         sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def stub_comfy_modules(monkeypatch):
+    """Put a minimal ``comfy`` (model_management, model_patcher, model_base) in ``sys.modules`` for the bench node
+    packs' offline tests; returns the list that the stub ``load_models_gpu`` appends the loaded models to."""
+    import sys
+    import types
+
+    class ModelPatcher:
+        def __init__(self, model, load_device=None, offload_device=None):
+            self.model, self.load_device, self.offload_device = model, load_device, offload_device
+
+    class BaseModel:
+        pass
+
+    loaded = []
+    comfy = types.ModuleType("comfy")
+    model_management = types.ModuleType("comfy.model_management")
+    model_management.get_torch_device = lambda: "cpu"
+    model_management.unet_offload_device = lambda: "cpu"
+    model_management.load_models_gpu = lambda models, **kwargs: loaded.extend(models)
+    model_patcher = types.ModuleType("comfy.model_patcher")
+    model_patcher.ModelPatcher = ModelPatcher
+    model_base = types.ModuleType("comfy.model_base")
+    model_base.BaseModel = BaseModel
+    comfy.model_management, comfy.model_patcher, comfy.model_base = model_management, model_patcher, model_base
+    for name, module in (("comfy", comfy), ("comfy.model_management", model_management),
+                         ("comfy.model_patcher", model_patcher), ("comfy.model_base", model_base)):
+        monkeypatch.setitem(sys.modules, name, module)
+    return loaded

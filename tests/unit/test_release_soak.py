@@ -6,7 +6,6 @@ same weights and the same image, and ``MEMX_RELEASE_NODES_CACHE=off`` keeps noth
 import gc
 import hashlib
 import json
-import sys
 import types
 import weakref
 from pathlib import Path
@@ -18,7 +17,7 @@ from bench.soak import release, release_verdict as verdict
 from bench.soak.config import RELEASE_LAG, RELEASE_LOADERS, RELEASE_SERVERS
 from bench.soak.release_workload import (LEAK, REUSE, build_release_workload, built_after, distinct_keys,
                                          model_bytes, recent_keys, release_census_prompt)
-from memx_helpers import load_module
+from memx_helpers import load_module, stub_comfy_modules
 
 PACK = Path(harness.pack_source("memx_release_nodes")) / "__init__.py"
 MIB = 1024 ** 2
@@ -359,28 +358,7 @@ def test_image_hash_reads_the_saved_file(tmp_path):
 @pytest.fixture
 def stub_comfy(monkeypatch):
     pytest.importorskip("torch")
-
-    class ModelPatcher:
-        def __init__(self, model, load_device=None, offload_device=None):
-            self.model, self.load_device, self.offload_device = model, load_device, offload_device
-
-    class BaseModel:
-        pass
-
-    loaded = []
-    comfy = types.ModuleType("comfy")
-    model_management = types.ModuleType("comfy.model_management")
-    model_management.get_torch_device = lambda: "cpu"
-    model_management.unet_offload_device = lambda: "cpu"
-    model_management.load_models_gpu = lambda models, **kwargs: loaded.extend(models)
-    model_patcher = types.ModuleType("comfy.model_patcher")
-    model_patcher.ModelPatcher = ModelPatcher
-    model_base = types.ModuleType("comfy.model_base")
-    model_base.BaseModel = BaseModel
-    comfy.model_management, comfy.model_patcher, comfy.model_base = model_management, model_patcher, model_base
-    for name, module in (("comfy", comfy), ("comfy.model_management", model_management),
-                         ("comfy.model_patcher", model_patcher), ("comfy.model_base", model_base)):
-        monkeypatch.setitem(sys.modules, name, module)
+    loaded = stub_comfy_modules(monkeypatch)
     monkeypatch.delenv("MEMX_RELEASE_NODES_CACHE", raising=False)
     node_pack = load_module("memx_release_nodes_stubbed", PACK)
     yield node_pack, loaded

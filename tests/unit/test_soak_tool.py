@@ -5,15 +5,13 @@ leaking pack's two leak patterns against a stubbed ``comfy``."""
 import gc
 import json
 import os
-import sys
-import types
 import weakref
 from pathlib import Path
 
 import pytest
 
 from bench import harness, soak
-from memx_helpers import load_module
+from memx_helpers import load_module, stub_comfy_modules
 
 SOAK_PACK = Path(harness.pack_source("memx_soak_nodes")) / "__init__.py"
 MIB = 1024 ** 2
@@ -447,28 +445,7 @@ def test_summary_renders_a_full_and_an_empty_report():
 @pytest.fixture
 def stub_comfy(monkeypatch):
     pytest.importorskip("torch")
-
-    class ModelPatcher:
-        def __init__(self, model, load_device=None, offload_device=None):
-            self.model, self.load_device, self.offload_device = model, load_device, offload_device
-
-    class BaseModel:
-        pass
-
-    loaded = []
-    comfy = types.ModuleType("comfy")
-    model_management = types.ModuleType("comfy.model_management")
-    model_management.get_torch_device = lambda: "cpu"
-    model_management.unet_offload_device = lambda: "cpu"
-    model_management.load_models_gpu = lambda models, **kwargs: loaded.extend(models)
-    model_patcher = types.ModuleType("comfy.model_patcher")
-    model_patcher.ModelPatcher = ModelPatcher
-    model_base = types.ModuleType("comfy.model_base")
-    model_base.BaseModel = BaseModel
-    comfy.model_management, comfy.model_patcher, comfy.model_base = model_management, model_patcher, model_base
-    for name, module in (("comfy", comfy), ("comfy.model_management", model_management),
-                         ("comfy.model_patcher", model_patcher), ("comfy.model_base", model_base)):
-        monkeypatch.setitem(sys.modules, name, module)
+    loaded = stub_comfy_modules(monkeypatch)
     node_pack = load_module("memx_soak_nodes_stubbed", SOAK_PACK)
     yield node_pack, loaded
     node_pack.MemxSoakCachedLoader._cache.clear()

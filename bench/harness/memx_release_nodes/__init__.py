@@ -173,6 +173,8 @@ NAME_INPUTS = {"required": {"name": ("STRING", {"default": "model"}), **SIZE_INP
 class MemxReleaseNamedLoader:
     """The model called ``name`` from the unbounded ``lru_cache`` function :func:`load_named_model`."""
 
+    source = "load_named_model"   # the cached function, by its global name: the class itself holds no cache
+
     @classmethod
     def INPUT_TYPES(cls):
         return NAME_INPUTS
@@ -183,23 +185,13 @@ class MemxReleaseNamedLoader:
 
     def load(self, name, features, depth):
         """A new patcher around the cached module (built on a cache miss)."""
-        return (wrap(_call(load_named_model, name, features, depth)),)
+        return (wrap(_call(globals()[self.source], name, features, depth)),)
 
 
-class MemxReleaseBoundedLoader:
+class MemxReleaseBoundedLoader(MemxReleaseNamedLoader):
     """The model called ``name`` from the bounded ``lru_cache`` function :func:`load_bounded_model`."""
 
-    @classmethod
-    def INPUT_TYPES(cls):
-        return NAME_INPUTS
-
-    RETURN_TYPES = ("MODEL",)
-    FUNCTION = "load"
-    CATEGORY = CATEGORY
-
-    def load(self, name, features, depth):
-        """A new patcher around the cached module (built on a cache miss)."""
-        return (wrap(_call(load_bounded_model, name, features, depth)),)
+    source = "load_bounded_model"
 
 
 class MemxReleaseListLoader:
