@@ -146,21 +146,6 @@ def install_node_pack(tree):
     return target
 
 
-def isolated_dir_args(run_dir):
-    """Create per-run ComfyUI directories under ``run_dir`` and return the ComfyUI flags that select them.
-
-    Keeps runs from sharing the tree's user folder and sqlite database with each other.
-    """
-    args = []
-    for flag, name in (("--user-directory", "user"), ("--input-directory", "input"),
-                       ("--output-directory", "output"), ("--temp-directory", "temp")):
-        path = os.path.join(run_dir, name)
-        os.makedirs(path, exist_ok=True)
-        args += [flag, path]
-    args += ["--database-url", "sqlite:///" + os.path.join(run_dir, "comfyui.db")]
-    return args
-
-
 def server_command(python, tree, launcher, port, comfy_args=()):
     """Return ``(argv, extra_env)`` that start ComfyUI in ``tree`` on 127.0.0.1:``port`` with ``launcher``."""
     main_py = os.path.join(os.path.abspath(tree), "main.py")
@@ -321,14 +306,6 @@ def finish_prompt_record(server, record, timeout):
     if not record["ok"]:
         record["error_messages"] = [m for m in run_status.get("messages", []) if m[0] == "execution_error"]
     return record
-
-
-def run_free_step(server, step, settle):
-    """POST /free and give the worker ``settle`` seconds to act on it (it answers before acting)."""
-    status, body = http_call("POST", server.base_url + "/free", step["body"])
-    time.sleep(settle)
-    return {"name": step["name"], "kind": "free", "request": step["body"], "http_status": status,
-            "response": body, "ok": 200 <= status < 300}
 
 
 def lines_containing(text, needle):

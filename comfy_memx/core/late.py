@@ -33,12 +33,6 @@ def note_if_late(targets):
     return before
 
 
-def is_late():
-    """True when this process's activation found ComfyUI's modules already imported."""
-    part = STATE.existing_part(LateActivation)
-    return bool(part and part.imported_before)
-
-
 def _holder_name(module_name, module):
     """``custom node <pack>`` (with the module when it is a submodule) or ComfyUI's own module name."""
     package = package_of_file(getattr(module, "__file__", None) or "")

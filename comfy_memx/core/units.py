@@ -1,6 +1,5 @@
 """How comfy_memx shows sizes to people: one formatter for log lines, reports and command output."""
 
-KIB = 1024
 MIB = 1024 ** 2
 GIB = 1024 ** 3
 UNITS = ("B", "KiB", "MiB", "GiB", "TiB")

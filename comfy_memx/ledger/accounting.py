@@ -24,8 +24,6 @@ from comfy_memx.core.state import STATE
 from comfy_memx.ledger import causes
 from comfy_memx.ledger.attribution import current_owner
 
-REASONS = ("memory_pressure", "unload_all", "free_request", "clone_replaced", "dropped", "oom", "other")
-
 
 def push_reason(reason, keep_outer=False, frame=None):
     """Enter a scope whose unloads have ``reason`` (or the enclosing scope's when ``keep_outer``); ``frame`` is the
