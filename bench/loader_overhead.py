@@ -58,7 +58,7 @@ def run(quick=False, tiny=False, workspace=None):
         try:
             state = real(small_path)
             patches.unpatch(utils)
-            utils.load_torch_file = lambda ckpt, *args, **kwargs: state
+            utils.load_torch_file = lambda _ckpt, *args, **kwargs: state
             patches.patch(utils)
             calls = common.rounds_for(quick, tiny, 2000, 1000, 50)
             stub = _rounds(patches, utils, lambda: [utils.load_torch_file(small_path) for _ in range(calls)],
