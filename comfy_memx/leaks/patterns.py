@@ -83,6 +83,13 @@ def classify(chain):
 
 
 def _pattern(path, root_kind, package, kinds, inner_package):
+    return (_holder_kind_pattern(path, root_kind, package, kinds, inner_package)
+            or _shape_pattern(path, package, kinds, inner_package)
+            or _root_pattern(path, root_kind, package, kinds))
+
+
+def _holder_kind_pattern(path, root_kind, package, kinds, inner_package):
+    """Patterns named by the kind of holder on the path (a cycle, a thread, a cache), or None."""
     if root_kind == "cycle":
         return "reference_cycle"
     if "-> thread-local" in path or "_thread._local" in kinds:
@@ -95,6 +102,11 @@ def _pattern(path, root_kind, package, kinds, inner_package):
         return "lru_cache"
     if root_kind == "c_registry":
         return "unknown"
+    return None
+
+
+def _shape_pattern(path, package, kinds, inner_package):
+    """Patterns named by the path's shape (a callback in a container, a closure, a torch submodule), or None."""
     if _is_callback_registry(path, kinds):
         return "callback_registry"
     if "-> closure" in path:
@@ -103,6 +115,11 @@ def _pattern(path, root_kind, package, kinds, inner_package):
         return "node_instance_cache"
     if "._modules[" in path:
         return "torch_module_attribute"
+    return None
+
+
+def _root_pattern(path, root_kind, package, kinds):
+    """Patterns named by the root: a class attribute or a module global, ``unknown`` for any other root."""
     if root_kind == "class_attribute":
         owner = _class_owner(path)
         return "singleton" if package == "core" or owner.endswith(".instance") else "class_cache"

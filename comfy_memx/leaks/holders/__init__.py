@@ -185,58 +185,33 @@ def _find_holders(target, skipped, budget_s, probe_budget_s, options):
     The target is held by this frame and by :func:`_probe`'s while the probe runs (the two references it is told
     are the search's own, ``held_by_caller=2``) and in the stages' own containers, all emptied before returning.
     A change here that holds the target in one more local, or passes it down one more call, must change that
-    number (tests/test_holders.py fails loudly: every probe then falls back to the backward search).
+    number (tests/test_holders.py fails loudly: every probe then falls back to the backward search).  The helpers
+    below never see the target, so they add no reference to it and no frame to the searches.
     """
     started = time.perf_counter()
     budget = Budget(budget_s)
-    max_chains, ignore, comfy_root = options.max_chains, options.ignore, options.comfy_root
     search, prober, chains, target_text = None, None, [], type_name(type(target))
     stages, mode, stopped_by = {}, "full", None
     try:
-        ignore_ids = _ids(ignore)
+        ignore_ids = _ids(options.ignore)
         module_dicts = _module_dicts()
-        threads = ThreadLocals(skipped, comfy_root, core_watch_types() if probe_budget_s > 0 else ())
+        threads = ThreadLocals(skipped, options.comfy_root, core_watch_types() if probe_budget_s > 0 else ())
         if probe_budget_s > 0:
-            prober = _probe(target, threads, module_dicts, ignore_ids, ignore, options,
+            prober = _probe(target, threads, module_dicts, ignore_ids, options.ignore, options,
                             min(probe_budget_s, max(0.0, float(budget_s))))
-            if prober is not None:
-                stages[STAGE_PROBE] = prober.stats()
-                if not prober.reached or not prober.entries:
-                    prober.release()   # nothing to build on: the backward search starts from the target
-                    prober = None
-                elif prober.complete or len(prober.entries) >= max_chains:
-                    mode = "skipped"
-                elif options.first_path:
-                    mode, stopped_by = "skipped", "first_path"
+            prober, mode, stopped_by = _after_probe(prober, stages, options)
         threads.watched.clear()
         threads.pack_held.clear()
         if mode != "skipped" and not options.backward:
             mode, stopped_by = "skipped", "probe_only"
         elif mode != "skipped":
             mode = "full" if prober is None else "remaining"
-            search = Search(budget_s=budget.sub(budget.left()), max_depth=options.max_depth,
-                            max_chains=max_chains + (len(prober.entries) if prober is not None else 0),
-                            ignore_ids=ignore_ids, skipped_frame_ids=skipped, record_edges=False,
-                            comfy_root=comfy_root, threads=threads, module_dicts=module_dicts)
+            search = _backward_search(budget, options, prober, ignore_ids, skipped, threads, module_dicts)
             if prober is None:
                 search.run(target)
             else:
-                search.own_ids.add(id(prober.seen))
                 search.run(target, prober.seeds())
-        if prober is not None:
-            chains = _probe_chains(prober, module_dicts, comfy_root)
-            if len(prober.entries) >= max_chains and mode == "skipped" and stopped_by is None:
-                stopped_by = "max_chains"
-            elif prober.dropped_deep and mode == "skipped" and stopped_by is None:
-                stopped_by = "depth"
-        if search is not None:
-            known = {chain.path for chain in chains}
-            chains += [chain for chain in _chains(search, comfy_root) if chain.path not in known]
-            stopped_by = search.stopped_by
-        chains.sort(key=lambda chain: chain.depth)
-        if len(chains) > max_chains:
-            del chains[max_chains:]
-            stopped_by = stopped_by or "max_chains"
+        chains, stopped_by = _merged_chains(prober, search, mode, stopped_by, module_dicts, options)
         target_text = describe(target)
     except Exception as exc:
         _report_internal("holders.find", exc)
@@ -247,6 +222,63 @@ def _find_holders(target, skipped, budget_s, probe_budget_s, options):
             prober.release()
         if search is not None:
             search.release()
+    return _holder_report(target_text, chains, started, budget, search, stages, mode, stopped_by)
+
+
+def _after_probe(prober, stages, options):
+    """What the probe leaves to do: ``(prober, mode, stopped_by)``, the prober None when it found nothing.
+
+    ``mode`` is ``"skipped"`` when the probe's chains are the answer (it saw every holder, found ``max_chains`` or
+    was asked for the first path only) and ``"full"`` when the backward search is still to run.
+    """
+    if prober is None:
+        return None, "full", None
+    stages[STAGE_PROBE] = prober.stats()
+    if not prober.reached or not prober.entries:
+        prober.release()   # nothing to build on: the backward search starts from the target
+        return None, "full", None
+    if prober.complete or len(prober.entries) >= options.max_chains:
+        return prober, "skipped", None
+    if options.first_path:
+        return prober, "skipped", "first_path"
+    return prober, "full", None
+
+
+def _backward_search(budget, options, prober, ignore_ids, skipped, threads, module_dicts):
+    """The backward search for what the probe left (all of it when there was no probe), in the budget left."""
+    search = Search(budget_s=budget.sub(budget.left()), max_depth=options.max_depth,
+                    max_chains=options.max_chains + (len(prober.entries) if prober is not None else 0),
+                    ignore_ids=ignore_ids, skipped_frame_ids=skipped, record_edges=False,
+                    comfy_root=options.comfy_root, threads=threads, module_dicts=module_dicts)
+    if prober is not None:
+        search.own_ids.add(id(prober.seen))
+    return search
+
+
+def _merged_chains(prober, search, mode, stopped_by, module_dicts, options):
+    """The probe's chains, then the backward search's new ones, shortest first and at most ``max_chains``.
+
+    Returns ``(chains, stopped_by)``: why the search stopped short, None when it saw every holder."""
+    max_chains, chains = options.max_chains, []
+    if prober is not None:
+        chains = _probe_chains(prober, module_dicts, options.comfy_root)
+        if len(prober.entries) >= max_chains and mode == "skipped" and stopped_by is None:
+            stopped_by = "max_chains"
+        elif prober.dropped_deep and mode == "skipped" and stopped_by is None:
+            stopped_by = "depth"
+    if search is not None:
+        known = {chain.path for chain in chains}
+        chains += [chain for chain in _chains(search, options.comfy_root) if chain.path not in known]
+        stopped_by = search.stopped_by
+    chains.sort(key=lambda chain: chain.depth)
+    if len(chains) > max_chains:
+        del chains[max_chains:]
+        stopped_by = stopped_by or "max_chains"
+    return chains, stopped_by
+
+
+def _holder_report(target_text, chains, started, budget, search, stages, mode, stopped_by):
+    """The :class:`HolderReport` of one search, with each stage's figures."""
     backward = {"mode": mode, "chains": sum(chain.stage == STAGE_BACKWARD for chain in chains)}
     if search is not None:
         backward.update(seconds=round(time.perf_counter() - search.started, 6),

@@ -229,6 +229,127 @@ def _frame_local_name(frame, value):
     return None if key is _MISSING else key
 
 
+def _namespace_hop(holder, cls, child, after):
+    """``module.attr`` or ``Class.attr``: the reference through the module's or class's namespace dict."""
+    if issubclass(cls, types.ModuleType):
+        namespace = module_namespace(holder)
+    elif issubclass(cls, type):
+        namespace = _class_namespace(holder)
+    else:
+        return None
+    if child is namespace and after is not _MISSING:
+        key = dict_key_of(child, after)
+        if key is not _MISSING:
+            return attr_text(key), 2
+    return None
+
+
+def _closure_hop(holder, child, after, more):
+    """A function's closure variable (through ``__closure__`` and, when ``more`` follows, its cell)."""
+    closure = holder.__closure__
+    if closure is None or child is not closure or after is _MISSING:
+        return None
+    index = _index_of(tuple.__iter__(closure), after)
+    names = holder.__code__.co_freevars
+    name = names[index] if 0 <= index < len(names) else "?"
+    if more:
+        return f" -> closure {name!r}", 3
+    return f" -> closure cell {name!r}", 2
+
+
+def _lru_hop(holder, child, after):
+    """An ``functools.lru_cache`` entry, keyed when the cache dict is on the path; None for its ``__dict__``."""
+    if child is instance_dict(holder):
+        return None
+    if type(child) is dict and after is not _MISSING:
+        key = dict_key_of(child, after)
+        if key is not _MISSING:
+            return f" -> lru_cache[{safe_repr(key, 60)}]", 2
+    return " -> lru_cache entry", 1
+
+
+def _thread_local_hop(objs, i, after):
+    """threading.local: its per-thread dicts are values of a dict keyed by weak references to the threads."""
+    if i + 3 < len(objs):
+        key = dict_key_of(after, objs[i + 3])
+        if key is not _MISSING:
+            return f" -> thread-local{attr_text(key)}", 3
+    return " -> thread-local", 2
+
+
+_FRAME_OF = {types.GeneratorType: "gi_frame", types.CoroutineType: "cr_frame"}
+
+
+def _suspended_hop(holder, cls, child):
+    """A local variable of a suspended generator or coroutine, or of a frame that is not running."""
+    if cls is types.FrameType:
+        name = _frame_local_name(holder, child)
+        return (f".f_locals[{name!r}]", 1) if name is not None else None
+    frame = getattr(holder, _FRAME_OF.get(cls, "ag_frame"), None)
+    name = _frame_local_name(frame, child) if frame is not None else None
+    return (f" -> {cls.__name__} local {name!r}", 1) if name is not None else None
+
+
+def _dict_hop(holder, child):
+    """``[key]`` of a dict value (a weak-reference key named by its referent's type), or a dict key itself."""
+    key = dict_key_of(holder, child)
+    if key is not _MISSING:
+        if type(key) is weakref.ReferenceType:
+            referent = key()
+            return f"[<weak reference to {type_name(type(referent)) if referent is not None else 'a dead object'}>]", 1
+        return f"[{safe_repr(key, 60)}]", 1
+    if _is_dict_key(holder, child):
+        return " -> dict key", 1
+    return None
+
+
+def _container_hop(holder, cls, child):
+    """``[index]`` of a list or tuple, a set member, or a cell's contents."""
+    if issubclass(cls, (list, tuple)):
+        index = _index_of((list.__iter__ if issubclass(cls, list) else tuple.__iter__)(holder), child)
+        return (f"[{index}]", 1) if index >= 0 else None
+    if issubclass(cls, (set, frozenset)):
+        return " -> set member", 1
+    if cls is types.CellType:
+        return ".cell_contents", 1
+    return None
+
+
+def _instance_hop(holder, child, after):
+    """``obj.attr`` through the instance ``__dict__`` (folded when the dict is on the path), or the dict itself."""
+    attrs = instance_dict(holder)
+    if attrs is None:
+        return None
+    if child is attrs and after is not _MISSING:
+        key = dict_key_of(attrs, after)
+        if key is not _MISSING:
+            return attr_text(key), 2
+    key = dict_key_of(attrs, child)
+    if key is not _MISSING:
+        return attr_text(key), 1
+    if child is attrs:
+        return ".__dict__", 1
+    return None
+
+
+def _kind_hop(objs, i, holder, cls, child, after):
+    """The label that ``holder``'s kind of object gives the reference, or None when its kind names nothing."""
+    if issubclass(cls, (types.ModuleType, type)):
+        return _namespace_hop(holder, cls, child, after)
+    if cls is types.FunctionType:
+        return _closure_hop(holder, child, after, i + 3 < len(objs))
+    if cls is _LRU_WRAPPER:
+        return _lru_hop(holder, child, after)
+    if issubclass(cls, _THREAD_LOCAL) and type(child) is dict and type(after) is dict:
+        return _thread_local_hop(objs, i, after)
+    if cls is types.FrameType or issubclass(cls, (types.GeneratorType, types.CoroutineType,
+                                                  types.AsyncGeneratorType)):
+        return _suspended_hop(holder, cls, child)
+    if issubclass(cls, dict):
+        return _dict_hop(holder, child)
+    return _container_hop(holder, cls, child)
+
+
 def hop(objs, i):
     """Label the reference from ``objs[i]`` to ``objs[i + 1]``; may fold helper objects into one label.
 
@@ -238,79 +359,9 @@ def hop(objs, i):
     holder, child = objs[i], objs[i + 1]
     after = objs[i + 2] if i + 2 < len(objs) else _MISSING
     cls = type(holder)
-
-    if issubclass(cls, types.ModuleType):
-        if child is module_namespace(holder) and after is not _MISSING:
-            key = dict_key_of(child, after)
-            if key is not _MISSING:
-                return attr_text(key), 2
-    if issubclass(cls, type):
-        if child is _class_namespace(holder) and after is not _MISSING:
-            key = dict_key_of(child, after)
-            if key is not _MISSING:
-                return attr_text(key), 2
-    if cls is types.FunctionType:
-        closure = holder.__closure__
-        if closure is not None and child is closure and after is not _MISSING:
-            index = _index_of(tuple.__iter__(closure), after)
-            names = holder.__code__.co_freevars
-            name = names[index] if 0 <= index < len(names) else "?"
-            if i + 3 < len(objs):
-                return f" -> closure {name!r}", 3
-            return f" -> closure cell {name!r}", 2
-    if cls is _LRU_WRAPPER:
-        inner = instance_dict(holder)
-        if child is not inner and type(child) is dict and after is not _MISSING:
-            key = dict_key_of(child, after)
-            if key is not _MISSING:
-                return f" -> lru_cache[{safe_repr(key, 60)}]", 2
-        if child is not inner:
-            return " -> lru_cache entry", 1
-    if issubclass(cls, _THREAD_LOCAL) and type(child) is dict and type(after) is dict:
-        # threading.local: its per-thread dicts are values of a dict keyed by weak references to the threads
-        if i + 3 < len(objs):
-            key = dict_key_of(after, objs[i + 3])
-            if key is not _MISSING:
-                return f" -> thread-local{attr_text(key)}", 3
-        return " -> thread-local", 2
-    if issubclass(cls, (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)):
-        frame = getattr(holder, {types.GeneratorType: "gi_frame", types.CoroutineType: "cr_frame"}.get(
-            cls, "ag_frame"), None)
-        name = _frame_local_name(frame, child) if frame is not None else None
-        if name is not None:
-            return f" -> {cls.__name__} local {name!r}", 1
-    if cls is types.FrameType:
-        name = _frame_local_name(holder, child)
-        if name is not None:
-            return f".f_locals[{name!r}]", 1
-    if issubclass(cls, dict):
-        key = dict_key_of(holder, child)
-        if key is not _MISSING:
-            if type(key) is weakref.ReferenceType:
-                referent = key()
-                return f"[<weak reference to {type_name(type(referent)) if referent is not None else 'a dead object'}>]", 1
-            return f"[{safe_repr(key, 60)}]", 1
-        if _is_dict_key(holder, child):
-            return " -> dict key", 1
-    if issubclass(cls, (list, tuple)):
-        index = _index_of((list.__iter__ if issubclass(cls, list) else tuple.__iter__)(holder), child)
-        if index >= 0:
-            return f"[{index}]", 1
-    if issubclass(cls, (set, frozenset)):
-        return " -> set member", 1
-    if cls is types.CellType:
-        return ".cell_contents", 1
-    attrs = instance_dict(holder)
-    if attrs is not None:
-        if child is attrs and after is not _MISSING:
-            key = dict_key_of(attrs, after)
-            if key is not _MISSING:
-                return attr_text(key), 2
-        key = dict_key_of(attrs, child)
-        if key is not _MISSING:
-            return attr_text(key), 1
-        if child is attrs:
-            return ".__dict__", 1
+    found = _kind_hop(objs, i, holder, cls, child, after) or _instance_hop(holder, child, after)
+    if found is not None:
+        return found
     name = _field_holding(holder, child)
     if name is not None:
         return f".{name}", 1

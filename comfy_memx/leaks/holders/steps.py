@@ -84,29 +84,48 @@ def _step(objs, index):
     after = objs[index + 2] if index + 2 < len(objs) else _MISSING
     cls = type(holder)
     if issubclass(cls, type):
-        if after is not _MISSING and child is _class_namespace(holder):
-            key = dict_key_of(child, after)
-            if type(key) is str:
-                return ("attr", key), 2
-        return None
+        return _class_step(holder, child, after)
     if cls is _LRU_WRAPPER:
-        inner = instance_dict(holder)
-        if child is inner:
-            return None
-        if type(child) is dict and after is not _MISSING:
-            key = dict_key_of(child, after)
-            return (("lru_item", key_spec(key)), 2) if key is not _MISSING else None
-        return ("lru_entry", None), 1
+        return _lru_step(holder, child, after)
     if issubclass(cls, dict):
         key = dict_key_of(holder, child)
         return (("item", key_spec(key)), 1) if key is not _MISSING else None
     if issubclass(cls, (list, tuple, collections.deque)):
-        walk = (list.__iter__ if issubclass(cls, list) else tuple.__iter__ if issubclass(cls, tuple)
-                else collections.deque.__iter__)
-        position = _index_of(walk(holder), child)
-        return (("index", position), 1) if position >= 0 else None
+        return _sequence_step(holder, cls, child)
     if issubclass(cls, (types.FunctionType, types.FrameType, types.CellType, types.ModuleType)):
         return None
+    return _instance_step(holder, child, after)
+
+
+def _class_step(holder, child, after):
+    """A class attribute, through the class's namespace dict."""
+    if after is not _MISSING and child is _class_namespace(holder):
+        key = dict_key_of(child, after)
+        if type(key) is str:
+            return ("attr", key), 2
+    return None
+
+
+def _lru_step(holder, child, after):
+    """An ``functools.lru_cache`` entry, keyed when its cache dict is on the path."""
+    if child is instance_dict(holder):
+        return None
+    if type(child) is dict and after is not _MISSING:
+        key = dict_key_of(child, after)
+        return (("lru_item", key_spec(key)), 2) if key is not _MISSING else None
+    return ("lru_entry", None), 1
+
+
+def _sequence_step(holder, cls, child):
+    """The position of ``child`` in a list, tuple or deque."""
+    walk = (list.__iter__ if issubclass(cls, list) else tuple.__iter__ if issubclass(cls, tuple)
+            else collections.deque.__iter__)
+    position = _index_of(walk(holder), child)
+    return (("index", position), 1) if position >= 0 else None
+
+
+def _instance_step(holder, child, after):
+    """An instance attribute, through the instance ``__dict__`` (folded when the dict is on the path)."""
     attrs = instance_dict(holder)
     if attrs is None:
         return None
