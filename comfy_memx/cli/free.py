@@ -111,20 +111,26 @@ def format_receipt(receipt):
         lines.append(f"survivors: {len(survivors)} model(s), {format_bytes(receipt.get('survivor_bytes'))} still "
                      "alive although ComfyUI no longer holds them")
     for row in survivors:
-        lines.append(f"  {row.get('model_id')} ({row.get('model')})  {format_bytes(row.get('bytes'))}, "
-                     f"{row.get('reason')}{_owner_text(row.get('owner'))}")
-        lines += _leak_lines(row.get("leak"))
-        search = row.get("search") or {}
-        if search.get("error"):
-            lines.append(f"    holder search failed: {search['error']}")
-        elif row.get("holders") is None:
-            lines.append(f"    holders not searched{': ' + str(search['note']) if search.get('note') else ''}")
-        for chain in row.get("holders") or []:
-            lines += _chain_lines(chain, "    held by")
-        if row.get("holders") == [] and not search.get("error"):
-            lines.append(f"    {_no_holder_text(search)}")
+        lines += _survivor_lines(row)
     lines += _release_lines(receipt)
     lines += _memory_lines(receipt.get("memory"))
+    return lines
+
+
+def _survivor_lines(row):
+    """One survivor: its size and why it survived, its leak, then what holds it (or why nothing was found)."""
+    lines = [f"  {row.get('model_id')} ({row.get('model')})  {format_bytes(row.get('bytes'))}, "
+             f"{row.get('reason')}{_owner_text(row.get('owner'))}"]
+    lines += _leak_lines(row.get("leak"))
+    search = row.get("search") or {}
+    if search.get("error"):
+        lines.append(f"    holder search failed: {search['error']}")
+    elif row.get("holders") is None:
+        lines.append(f"    holders not searched{': ' + str(search['note']) if search.get('note') else ''}")
+    for chain in row.get("holders") or []:
+        lines += _chain_lines(chain, "    held by")
+    if row.get("holders") == [] and not search.get("error"):
+        lines.append(f"    {_no_holder_text(search)}")
     return lines
 
 

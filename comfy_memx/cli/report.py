@@ -19,6 +19,7 @@ import json
 import math
 import os
 import sys
+import types
 
 from comfy_memx.core.units import format_bytes
 
@@ -178,14 +179,20 @@ class EventReport:
         referrers = event.get("referrers") or []
         if not isinstance(referrers, list):
             raise TypeError("referrers")
-        chains = [{"path": str(r.get("path")), "package": r.get("package"), "root_kind": r.get("root_kind"),
-                   **({"holder_package": r["holder_package"]} if r.get("holder_package") else {}),
-                   **({"pattern": r["pattern"], "suggestion": r.get("suggestion")} if r.get("pattern") else {})}
-                  for r in referrers if isinstance(r, dict)]
+        chains = [_leak_chain(r) for r in referrers if isinstance(r, dict)]
         key, row = self._model(event, pid)
         holder = _holder_package(event, referrers)
         if holder is not None:
             row["holder_package"] = holder
+        self._count_leak(event, key, row, stage, holder, when)
+        for chain in chains:
+            if "pattern" in chain:
+                self._group_pattern(chain, key)
+        row["leak_reports"].append({"stage": stage, "time": when, "chains": chains,
+                                    "reason": str(event.get("reason") or "new")})
+
+    def _count_leak(self, event, key, row, stage, holder, when):
+        """Count a new leak for the model, its loader and (rooted) its holder; a later search only names the holder."""
         if event.get("reason", "new") == "new":   # a later search of a known leak is not a new leak
             row["tally"].leaks[stage] = row["tally"].leaks.get(stage, 0) + 1
             loader = self._package(row["package"])
@@ -199,16 +206,14 @@ class EventReport:
             held.leaks[stage] = held.leaks.get(stage, 0) + 1
         if stage == "rooted" and holder is not None:
             row["counted_holder"] = holder
-        for chain in chains:
-            if "pattern" not in chain:
-                continue
-            group = self.leak_patterns.setdefault((str(chain.get("holder_package") or chain["package"] or "?"),
-                                                   chain["pattern"]),
-                                                  {"chains": 0, "models": set(), "suggestion": chain["suggestion"]})
-            group["chains"] += 1
-            group["models"].add(key)
-        row["leak_reports"].append({"stage": stage, "time": when, "chains": chains,
-                                    "reason": str(event.get("reason") or "new")})
+
+    def _group_pattern(self, chain, key):
+        """Add one classified chain to its (holding package, pattern) group."""
+        group = self.leak_patterns.setdefault((str(chain.get("holder_package") or chain["package"] or "?"),
+                                               chain["pattern"]),
+                                              {"chains": 0, "models": set(), "suggestion": chain["suggestion"]})
+        group["chains"] += 1
+        group["models"].add(key)
 
     def _leak_seen(self, event, pid, when):
         _, row = self._model(event, pid)
@@ -410,6 +415,17 @@ def _level(points, when):
     return level
 
 
+def _leak_chain(referrer):
+    """One referrer of a leak event as the report keeps it (its holding package and pattern when it has them)."""
+    chain = {"path": str(referrer.get("path")), "package": referrer.get("package"),
+             "root_kind": referrer.get("root_kind")}
+    if referrer.get("holder_package"):
+        chain["holder_package"] = referrer["holder_package"]
+    if referrer.get("pattern"):
+        chain.update(pattern=referrer["pattern"], suggestion=referrer.get("suggestion"))
+    return chain
+
+
 def draw_timeline(report):
     """A matplotlib Figure of the log: one lane per model, resident bytes over time, loads, unloads and leaks marked.
 
@@ -421,70 +437,78 @@ def draw_timeline(report):
     markers on the lane, one artist per kind (gid ``marks:<kind>``), each named in the legend.
     """
     from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
 
     keys = sorted(set(report.models) | set(report.timeline) | set(report.marks))
     start = report.first_time or 0.0
     span = (report.last_time - start) if report.last_time is not None else 0.0
     scale, unit = _time_scale(span)
     pad = span * 0.06 if span > 0 else 1.0
-    right = span + pad
     peak = max([resident for points in report.timeline.values() for _, resident in points] + [1])
-    several = len({pid for pid, _ in keys}) > 1
+    frame = types.SimpleNamespace(start=start, span=span, scale=scale, right=span + pad, peak=peak, lanes=len(keys),
+                   several=len({pid for pid, _ in keys}) > 1)
 
     figure = Figure(figsize=(11, 1.6 + 0.5 * max(len(keys), 2)))
     axes = figure.add_subplot()
     marks = {kind: ([], []) for kind in MARKERS}
     leak_labels = []
-    labels = []
-    for lane, key in enumerate(keys):
-        pid, model_id = key
-        row = report.models.get(key, {})
-        base = len(keys) - 1 - lane            # first model on top
-        color = _MODEL_COLORS[lane % len(_MODEL_COLORS)]
-        points = report.timeline.get(key, [])
-        own_marks = report.marks.get(key, [])
-        first = min([at for at, _ in points] + [at for at, _, _ in own_marks] + [report.last_time or start])
-        times = [first - start] + [at - start for at, _ in points] + [right]
-        levels = [0] + [resident for _, resident in points]
-        levels.append(levels[-1])
-        heights = [base + _LANE * level / peak for level in levels]
-        axes.plot([t / scale for t in times], heights, drawstyle="steps-post", color=color, linewidth=2,
-                  solid_capstyle="butt", gid=f"model:{pid}:{model_id}", label=model_id)
-        axes.fill_between([t / scale for t in times], base, heights, step="post", color=color, alpha=0.25,
-                          linewidth=0)
-        axes.axhline(base, color="lightgrey", linewidth=0.6, zorder=0)
-        for at, kind, detail in own_marks:
-            marks[kind][0].append((at - start) / scale)
-            marks[kind][1].append(base + _LANE * _level(points, at) / peak)
-            if kind == "leak":
-                leak_labels.append(((at - start) / scale, marks[kind][1][-1], f"leak ({detail})"))
-        name = f"{model_id} (pid {pid})" if several else model_id
-        package = row.get("package", "?")
-        labels.append(f"{name}  {package}  peak {format_bytes(row.get('peak_resident', 0))}")
-
+    labels = [_draw_lane(axes, report, lane, key, frame, marks, leak_labels) for lane, key in enumerate(keys)]
     for kind, (xs, ys) in marks.items():
         axes.plot(xs, ys, linestyle="none", gid=f"marks:{kind}", zorder=5, **MARKERS[kind])
     for x, y, text in leak_labels[:20]:
         axes.annotate(text, (x, y), xytext=(7, 5), textcoords="offset points", color="darkred", fontsize=8)
     if report.last_time is not None:
         axes.axvline(span / scale, color="black", linestyle=":", linewidth=1)
+    _frame_axes(axes, frame, labels, pad, unit)
+    figure.tight_layout()
+    return figure
 
-    axes.set_yticks([len(keys) - 1 - lane + _LANE / 2 for lane in range(len(keys))])
+
+def _draw_lane(axes, report, lane, key, frame, marks, leak_labels):
+    """Draw one model's lane (its step line and band), add its marks to ``marks``; return its y-axis label."""
+    pid, model_id = key
+    start, scale, peak = frame.start, frame.scale, frame.peak
+    base = frame.lanes - 1 - lane            # first model on top
+    color = _MODEL_COLORS[lane % len(_MODEL_COLORS)]
+    points = report.timeline.get(key, [])
+    own_marks = report.marks.get(key, [])
+    first = min([at for at, _ in points] + [at for at, _, _ in own_marks] + [report.last_time or start])
+    times = [first - start] + [at - start for at, _ in points] + [frame.right]
+    levels = [0] + [resident for _, resident in points]
+    levels.append(levels[-1])
+    heights = [base + _LANE * level / peak for level in levels]
+    axes.plot([t / scale for t in times], heights, drawstyle="steps-post", color=color, linewidth=2,
+              solid_capstyle="butt", gid=f"model:{pid}:{model_id}", label=model_id)
+    axes.fill_between([t / scale for t in times], base, heights, step="post", color=color, alpha=0.25,
+                      linewidth=0)
+    axes.axhline(base, color="lightgrey", linewidth=0.6, zorder=0)
+    for at, kind, detail in own_marks:
+        marks[kind][0].append((at - start) / scale)
+        marks[kind][1].append(base + _LANE * _level(points, at) / peak)
+        if kind == "leak":
+            leak_labels.append(((at - start) / scale, marks[kind][1][-1], f"leak ({detail})"))
+    row = report.models.get(key, {})
+    name = f"{model_id} (pid {pid})" if frame.several else model_id
+    return f"{name}  {row.get('package', '?')}  peak {format_bytes(row.get('peak_resident', 0))}"
+
+
+def _frame_axes(axes, frame, labels, pad, unit):
+    """Lane labels, limits, axis title and the legend of the markers."""
+    from matplotlib.lines import Line2D
+
+    lanes, scale = frame.lanes, frame.scale
+    axes.set_yticks([lanes - 1 - lane + _LANE / 2 for lane in range(lanes)])
     axes.set_yticklabels(labels, fontsize=8)
-    axes.set_ylim(-0.35, max(len(keys), 1) - 0.05)
-    axes.set_xlim(-(pad if span > 0 else 0.05) / scale, right / scale)
+    axes.set_ylim(-0.35, max(lanes, 1) - 0.05)
+    axes.set_xlim(-(pad if frame.span > 0 else 0.05) / scale, frame.right / scale)
     axes.set_xlabel(f"{unit} since the first event")
-    axes.set_title(f"comfy_memx: resident bytes per model (a full lane = {format_bytes(peak)})", fontsize=10,
+    axes.set_title(f"comfy_memx: resident bytes per model (a full lane = {format_bytes(frame.peak)})", fontsize=10,
                    loc="left")
     handles = [Line2D([], [], linestyle="none", label=kind, **MARKERS[kind]) for kind in MARKERS]
     handles.append(Line2D([], [], color="black", linestyle=":", linewidth=1, label="end of the log"))
     axes.legend(handles=handles, loc="lower right", bbox_to_anchor=(1, 1), ncol=len(handles), fontsize=8,
                 frameon=False, borderaxespad=0.3, handletextpad=0.3, columnspacing=1.2)
-    if not keys:
+    if not lanes:
         axes.text(0.5, 0.5, "no model events", transform=axes.transAxes, ha="center", va="center")
-    figure.tight_layout()
-    return figure
 
 
 def write_timeline(report, png_path):

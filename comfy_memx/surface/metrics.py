@@ -176,50 +176,57 @@ class Metrics:
 
     def observe(self, event):
         """Update the counters and histograms from one comfy_memx event (unknown events are ignored)."""
-        kind = event.get("event")
-        if kind == "load":
-            reload = event.get("reload")
-            if isinstance(reload, dict):
-                labels = (self.models(event.get("model") or "?"), self.packages(reload.get("package") or "?"))
-                self.reloads.labels(*labels).inc()
-                self.reload_seconds.labels(*labels).inc(max(0.0, reload.get("seconds") or 0.0))
-            package = self.packages(_package(event))
-            self.loads.labels(package).inc()
-            self.load_bytes.labels(package).inc(max(0, event.get("bytes") or 0))
-            if event.get("seconds") is not None:
-                self.load_seconds.observe(event["seconds"])
-            if event.get("gb_per_s") is not None:
-                self.load_gbps.observe(event["gb_per_s"])
-        elif kind == "unload":
-            reason = str(event.get("reason") or "other")
-            self.unloads.labels(reason, self.packages(_package(event))).inc()
-            self.unload_bytes.labels(reason).inc(max(0, event.get("bytes") or 0))
-            if event.get("seconds") is not None:
-                self.offload_seconds.observe(event["seconds"])
-            if event.get("gb_per_s") is not None:
-                self.offload_gbps.observe(event["gb_per_s"])
-        elif kind == "leak":
-            holder = self._holder(event)
-            if event.get("reason", "new") == "new":
-                self.leaks.labels(holder, self.packages(_package(event)), str(event.get("stage") or "?")).inc()
-            search = event.get("search") or {}
-            if "seconds" in search:
-                self.leak_searches.labels(str(event.get("reason") or "new")).inc()
-        elif kind == "leak_seen":
-            self.leak_sightings.labels(self._holder(event), self.packages(_package(event))).inc()
-        elif kind == "pin_evict":
-            reason = str(event.get("reason") or "?")
-            self.pin_evictions.labels(reason).inc()
-            self.pin_evicted_bytes.labels(reason).inc(max(0, event.get("bytes") or 0))
-        elif kind == "pin_refused":
-            self.pin_refusals.labels(str(event.get("reason") or "?")).inc()
-        elif kind == "free":
-            self._observe_free(event)
-        elif kind == "release":
-            package = self.packages(event.get("package") or UNKNOWN)
-            self.releases.labels(package, str(event.get("outcome") or "?")).inc()
-            if event.get("died"):
-                self.released_bytes.labels(package).inc(max(0, event.get("bytes") or 0))
+        observer = self._OBSERVERS.get(event.get("event"))
+        if observer is not None:
+            observer(self, event)
+
+    def _observe_load(self, event):
+        reload = event.get("reload")
+        if isinstance(reload, dict):
+            labels = (self.models(event.get("model") or "?"), self.packages(reload.get("package") or "?"))
+            self.reloads.labels(*labels).inc()
+            self.reload_seconds.labels(*labels).inc(max(0.0, reload.get("seconds") or 0.0))
+        package = self.packages(_package(event))
+        self.loads.labels(package).inc()
+        self.load_bytes.labels(package).inc(max(0, event.get("bytes") or 0))
+        if event.get("seconds") is not None:
+            self.load_seconds.observe(event["seconds"])
+        if event.get("gb_per_s") is not None:
+            self.load_gbps.observe(event["gb_per_s"])
+
+    def _observe_unload(self, event):
+        reason = str(event.get("reason") or "other")
+        self.unloads.labels(reason, self.packages(_package(event))).inc()
+        self.unload_bytes.labels(reason).inc(max(0, event.get("bytes") or 0))
+        if event.get("seconds") is not None:
+            self.offload_seconds.observe(event["seconds"])
+        if event.get("gb_per_s") is not None:
+            self.offload_gbps.observe(event["gb_per_s"])
+
+    def _observe_leak(self, event):
+        holder = self._holder(event)
+        if event.get("reason", "new") == "new":
+            self.leaks.labels(holder, self.packages(_package(event)), str(event.get("stage") or "?")).inc()
+        search = event.get("search") or {}
+        if "seconds" in search:
+            self.leak_searches.labels(str(event.get("reason") or "new")).inc()
+
+    def _observe_leak_seen(self, event):
+        self.leak_sightings.labels(self._holder(event), self.packages(_package(event))).inc()
+
+    def _observe_pin_evict(self, event):
+        reason = str(event.get("reason") or "?")
+        self.pin_evictions.labels(reason).inc()
+        self.pin_evicted_bytes.labels(reason).inc(max(0, event.get("bytes") or 0))
+
+    def _observe_pin_refused(self, event):
+        self.pin_refusals.labels(str(event.get("reason") or "?")).inc()
+
+    def _observe_release(self, event):
+        package = self.packages(event.get("package") or UNKNOWN)
+        self.releases.labels(package, str(event.get("outcome") or "?")).inc()
+        if event.get("died"):
+            self.released_bytes.labels(package).inc(max(0, event.get("bytes") or 0))
 
     def _holder(self, event):
         """The holding package of a leak event as a label; remembered per model for the leaked-bytes gauge."""
@@ -248,6 +255,10 @@ class Metrics:
             self.last_free.labels("held_by_models").set(memory["held_bytes"])
         if memory.get("rss_after_trim") or memory.get("rss_after"):
             self.last_free.labels("rss_after").set(memory.get("rss_after_trim") or memory["rss_after"])
+
+    _OBSERVERS = {"load": _observe_load, "unload": _observe_unload, "leak": _observe_leak,
+                  "leak_seen": _observe_leak_seen, "pin_evict": _observe_pin_evict,
+                  "pin_refused": _observe_pin_refused, "free": _observe_free, "release": _observe_release}
 
     def exposition(self):
         """``(body bytes, content type)`` of the Prometheus text format (no ``_created`` series)."""
