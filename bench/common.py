@@ -415,24 +415,7 @@ def format_table(records):
     """
     lines = []
     for case in dict.fromkeys(r["case"] for r in records):
-        rows = [r for r in records if r["case"] == case and r["metric"] not in _QUIET_METRICS]
-        first = rows[0] if rows else {}
-        lines.append(f"== {case}" + (f"  ({first['case_seconds']} s, load average {first.get('loadavg_1m')})"
-                                     if "case_seconds" in first else ""))
-        cells = [("metric", "value", "min..max", "unit", "floor", "ratio", "target", "labels")]
-        for r in rows:
-            value, low, high, unit = r["value"], r.get("min"), r.get("max"), r.get("unit") or ""
-            if unit == "bytes" and isinstance(value, int):
-                value, unit = value / GIB, "GiB"
-            shown = f"< {_fmt(r['upper_bound'])}" if r.get("below_resolution") else _fmt(value)
-            labels = ", ".join(f"{k}={v}" for k, v in r.items() if k not in _COLUMNS and k not in _QUIET_LABELS)
-            if r.get("below_resolution"):
-                labels = "below resolution" + (", " + labels if labels else "")
-            target = f"{target_text(r)} {verdict(r)}".strip() if target_text(r) else ""
-            cells.append((r["metric"], shown, f"{_fmt(low)}..{_fmt(high)}" if "min" in r else "", unit,
-                          _fmt(r.get("floor")), _fmt(r.get("ratio")), target, labels))
-        widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]) - 1)]
-        lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1] for row in cells]
+        lines += _case_block(case, [r for r in records if r["case"] == case and r["metric"] not in _QUIET_METRICS])
     judged = [r for r in records if "met" in r]
     missed = missed_targets(records)
     if judged:
@@ -440,6 +423,32 @@ def format_table(records):
                      f"{len(missed)} {MISSED}, {sum(r['met'] is None for r in judged)} unresolved")
         lines += ["  " + line for line in missed]
     return "\n".join(lines)
+
+
+def _case_block(case, rows):
+    """One case's heading and its rows, in aligned columns (the labels column last, unpadded)."""
+    first = rows[0] if rows else {}
+    lines = [f"== {case}" + (f"  ({first['case_seconds']} s, load average {first.get('loadavg_1m')})"
+                             if "case_seconds" in first else "")]
+    cells = [("metric", "value", "min..max", "unit", "floor", "ratio", "target", "labels")]
+    cells += [_row_cells(r) for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]) - 1)]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1] for row in cells]
+    return lines
+
+
+def _row_cells(r):
+    """The table cells of one record (bytes shown in GiB, a figure below the resolution as ``< upper bound``)."""
+    value, low, high, unit = r["value"], r.get("min"), r.get("max"), r.get("unit") or ""
+    if unit == "bytes" and isinstance(value, int):
+        value, unit = value / GIB, "GiB"
+    shown = f"< {_fmt(r['upper_bound'])}" if r.get("below_resolution") else _fmt(value)
+    labels = ", ".join(f"{k}={v}" for k, v in r.items() if k not in _COLUMNS and k not in _QUIET_LABELS)
+    if r.get("below_resolution"):
+        labels = "below resolution" + (", " + labels if labels else "")
+    target = f"{target_text(r)} {verdict(r)}".strip() if target_text(r) else ""
+    return (r["metric"], shown, f"{_fmt(low)}..{_fmt(high)}" if "min" in r else "", unit,
+            _fmt(r.get("floor")), _fmt(r.get("ratio")), target, labels)
 
 
 def _fmt(value):

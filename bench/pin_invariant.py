@@ -349,6 +349,15 @@ class Driver:
             action()
         except Exception as exc:
             self.failures["run"].append({"step": label, "error": "%s: %s" % (type(exc).__name__, exc)})
+        record = self._books(label, mark)
+        self.steps.append(record)
+        self._check(record, wrapped, victims)
+        if load:
+            self._check_no_reregister(label, self.recorder.log[mark:])
+
+    def _books(self, label, mark):
+        """The step's record: ComfyUI's pinned total, what the CUDA recorder saw, comfy_memx's books per model and
+        the models that lost registrations since the recorder's entry ``mark`` (outside ComfyUI's node ends)."""
         state = self.session.current()
         raw = None
         if state is not None:
@@ -356,38 +365,42 @@ class Driver:
             raw = pinned - in_flight
         budget = self.session.budget()
         stats = budget.stats() if budget is not None else {"pinned_bytes": None, "per_model": {}}
-        total = int(self.mm.TOTAL_PINNED_MEMORY)
-        registered = self.recorder.total()
         by_owner = self.recorder.per_owner()
         per_model = {}
         for name in self.models:
             model_id = self.model_id(name)
             per_model[name] = {"registered": by_owner.get(name, 0),
                                "memx": stats["per_model"].get(model_id, 0) if model_id else 0}
-        unattributed = stats["per_model"].get(self.session.UNATTRIBUTED, 0)
         window = self.recorder.log[mark:]
         node_end = {index for start, end in self.node_ends for index in range(max(start, mark), end)}
         lost = sorted({owner for index, (verb, _, owner) in enumerate(window, mark)
                        if verb == "unregister" and index not in node_end})
-        record = {"step": label, "total_pinned_memory": total, "registered": registered,
-                  "memx": stats["pinned_bytes"], "memx_raw": raw, "per_model": per_model, "unregistered": lost,
-                  "unattributed": unattributed}
-        self.steps.append(record)
-        books_ok = (stats["pinned_bytes"] == total == registered and unattributed == 0
-                    and all(row["registered"] == row["memx"] for row in per_model.values()))
+        return {"step": label, "total_pinned_memory": int(self.mm.TOTAL_PINNED_MEMORY),
+                "registered": self.recorder.total(), "memx": stats["pinned_bytes"], "memx_raw": raw,
+                "per_model": per_model, "unregistered": lost,
+                "unattributed": stats["per_model"].get(self.session.UNATTRIBUTED, 0)}
+
+    def _check(self, record, wrapped, victims):
+        """File the step under each invariant it breaks: the books, the raw books, the models that lost pins."""
+        label, total, raw = record["step"], record["total_pinned_memory"], record["memx_raw"]
+        lost = record["unregistered"]
+        books_ok = (record["memx"] == total == record["registered"] and record["unattributed"] == 0
+                    and all(row["registered"] == row["memx"] for row in record["per_model"].values()))
         if not books_ok:
             self.failures["books"].append(record)
         if wrapped and raw != total:
             self.failures["raw_books"].append({"step": label, "memx_raw": raw, "total_pinned_memory": total})
         if victims is not None and set(lost) != set(victims):
             self.failures["mru"].append({"step": label, "expected_victims": sorted(victims), "victims": lost})
-        if load:
-            gone = set()
-            for verb, ptr, _owner in window:
-                if verb == "unregister":
-                    gone.add(ptr)
-                elif ptr in gone:
-                    self.failures["no_reregister_in_load"].append({"step": label, "ptr": ptr})
+
+    def _check_no_reregister(self, label, window):
+        """A load must not register a pointer again that it unregistered."""
+        gone = set()
+        for verb, ptr, _owner in window:
+            if verb == "unregister":
+                gone.add(ptr)
+            elif ptr in gone:
+                self.failures["no_reregister_in_load"].append({"step": label, "ptr": ptr})
 
     def scenario(self):
         """Legacy phase, then DynamicVRAM phase (see the module docstring for the cap that makes them evict)."""
