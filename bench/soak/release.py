@@ -27,11 +27,11 @@ import threading
 import time
 
 from bench.harness import drive
-from bench.soak.config import (FINAL_RESERVE_S, RELEASE_CACHE_SWITCH, RELEASE_LAG, RELEASE_PACK_NAME,
+from bench.soak.config import (RELEASE_CACHE_SWITCH, RELEASE_LAG, RELEASE_PACK_NAME,
                                RELEASE_PACK_SOURCE, RELEASE_SAVE_ID, RELEASE_SERVERS)
 from bench.soak.measurements import describe, read_proc_memory, scan_log, thin, validate_event_file
 from bench.soak.release_workload import build_release_workload, model_bytes, release_census_prompt
-from bench.soak.servers import SoakProcess, run_prompt, stop_servers
+from bench.soak.servers import SoakProcess, pick_ports, run_prompt, run_workload, start_servers, stop_servers
 
 HISTORY_POLL_S = 0.02   # the prompts take a few tenths of a second: poll their history finely
 
@@ -144,23 +144,52 @@ def sample_loadavg(stop, samples, interval=5.0):
         samples.append(os.getloadavg()[0])
 
 
+def release_report(options, workload):
+    """The release soak's report before the run: the workload, its servers and their order."""
+    return {"tool": "bench.soak --workload release", "comfyui": os.path.abspath(options.comfyui),
+            "python": options.python, "prompts": options.prompts, "leak_mode": options.leak_mode, "error": None,
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "loadavg_start": os.getloadavg(),
+            "workload": {"workload": "release", "pack": RELEASE_PACK_NAME, "reuse_every": options.reuse_every,
+                         "features": options.features, "depth": options.depth,
+                         "model_bytes": model_bytes(options.features, options.depth), "lag": RELEASE_LAG,
+                         "warmup": options.warmup, "servers": list(RELEASE_SERVERS),
+                         "leak_prompts": sum(1 for item in workload if item["kind"] == "leak"),
+                         "reuse_prompts": sum(1 for item in workload if item["kind"] == "reuse"),
+                         "order": "prompt i runs on every server, one at a time, the order rotated by i"},
+            "servers": {}}
+
+
+class _ReleasePlan:
+    """How the release soak runs a prompt: on every server, the order rotated by the prompt's index; the image
+    hash and the RSS after each prompt."""
+
+    def __init__(self, servers):
+        self.servers = servers
+
+    def order(self, item):
+        shift = item["index"] % len(self.servers)
+        return self.servers[shift:] + self.servers[:shift]
+
+    def run(self, server, item, prompt_deadline):
+        record, entry = run_prompt(server, item, prompt_deadline, poll=HISTORY_POLL_S)
+        record["image"] = server.image_hash(entry) if record["ok"] else None
+        server.records.append(record)
+        server.images.append(record["image"])
+        vmrss, anon = read_proc_memory(server.pid)
+        server.rss_after.append((item["index"], vmrss, anon))
+
+    def progress(self):
+        return ", ".join(f"{s.label} {s.records[-1].get('e2e_s') or 0:.2f} s "
+                         f"{(s.rss_after[-1][1] or 0) / 2 ** 20:.0f} MiB" for s in self.servers)
+
+
 def run_release_soak(options, log=print):
     """Run the release soak (see the module docstring); returns the report (the servers are always stopped)."""
     wall_start = time.monotonic()
     deadline = wall_start + options.timeout
     workload = build_release_workload(options.prompts, options.reuse_every, features=options.features,
                                       depth=options.depth)
-    report = {"tool": "bench.soak --workload release", "comfyui": os.path.abspath(options.comfyui),
-              "python": options.python, "prompts": options.prompts, "leak_mode": options.leak_mode, "error": None,
-              "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "loadavg_start": os.getloadavg(),
-              "workload": {"workload": "release", "pack": RELEASE_PACK_NAME, "reuse_every": options.reuse_every,
-                           "features": options.features, "depth": options.depth,
-                           "model_bytes": model_bytes(options.features, options.depth), "lag": RELEASE_LAG,
-                           "warmup": options.warmup, "servers": list(RELEASE_SERVERS),
-                           "leak_prompts": sum(1 for item in workload if item["kind"] == "leak"),
-                           "reuse_prompts": sum(1 for item in workload if item["kind"] == "reuse"),
-                           "order": "prompt i runs on every server, one at a time, the order rotated by i"},
-              "servers": {}}
+    report = release_report(options, workload)
     work = options.work_dir or tempfile.mkdtemp(prefix="memx-release-soak-")
     os.makedirs(work, exist_ok=True)
     report["work_dir"] = work
@@ -170,47 +199,13 @@ def run_release_soak(options, log=print):
     sampler = threading.Thread(target=sample_loadavg, args=(stop, loadavg), daemon=True)
     finals = {}
     try:
-        ports = []
-        for label in RELEASE_SERVERS:
-            port = options.port_base + len(ports) if options.port_base else drive.free_port()
-            while port in ports:
-                port = drive.free_port()
-            ports.append(port)
+        for label, port in zip(RELEASE_SERVERS, pick_ports(len(RELEASE_SERVERS), options.port_base)):
             servers.append(ReleaseServer(label, options, os.path.join(work, label), port))
-        for server in servers:
-            server.start()
-        for server in servers:
-            if not server.wait_ready(min(options.boot_timeout, max(1.0, deadline - time.monotonic()))):
-                raise RuntimeError(f"{server.label} server did not answer /system_stats"
-                                   + ("" if server.comfy.alive() else " (it exited)") + f"; log: {server.log_path}")
+        start_servers(servers, options, deadline, log)
         report["comfyui_version"] = (servers[0].stats or {}).get("system", {}).get("comfyui_version")
-        log("servers up: " + ", ".join(f"{s.label} {s.url} ({s.boot_s:.1f} s)" for s in servers)
-            + f"; {options.prompts} prompts each")
         sampler.start()
-        clock = last_report = time.monotonic()
-        for item in workload:
-            if time.monotonic() >= deadline - FINAL_RESERVE_S:
-                report["error"] = (f"--timeout {options.timeout:g} s reached after {item['index']} prompts "
-                                   f"({FINAL_RESERVE_S:g} s of it are kept for the final checks)")
-                break
-            shift = item["index"] % len(servers)
-            for server in servers[shift:] + servers[:shift]:
-                record, entry = run_prompt(server, item, min(deadline - FINAL_RESERVE_S,
-                                                             time.monotonic() + options.prompt_timeout),
-                                           poll=HISTORY_POLL_S)
-                record["image"] = server.image_hash(entry) if record["ok"] else None
-                server.records.append(record)
-                server.images.append(record["image"])
-                vmrss, anon = read_proc_memory(server.pid)
-                server.rss_after.append((item["index"], vmrss, anon))
-                if not server.comfy.alive():
-                    raise RuntimeError(f"{server.label} server exited during prompt {item['index']}; "
-                                       f"log: {server.log_path}")
-            if time.monotonic() - last_report > 60:
-                last_report = time.monotonic()
-                log(f"  {item['index'] + 1}/{options.prompts} prompts, {time.monotonic() - clock:.0f} s; "
-                    + ", ".join(f"{s.label} {s.records[-1].get('e2e_s') or 0:.2f} s "
-                                f"{(s.rss_after[-1][1] or 0) / 2 ** 20:.0f} MiB" for s in servers))
+        clock = time.monotonic()
+        run_workload(workload, options, deadline, report, clock, log, _ReleasePlan(servers))
         report["prompts_s"] = round(time.monotonic() - clock, 1)
         finals = final_checks(servers, options, deadline)
     except (Exception, KeyboardInterrupt, SystemExit) as error:   # record it; the servers are still stopped below

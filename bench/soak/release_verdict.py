@@ -33,6 +33,7 @@ from bench.soak.config import (MIB, PERF_CHECK_MIN_PROMPTS, RELEASE_LAG, RELEASE
                                RELEASE_SERVERS)
 from bench.soak.measurements import format_value, paired_median_ratio
 from bench.soak.release_workload import LEAK, REUSE, distinct_keys, recent_keys
+from bench.soak.verdict import Targets, table_lines, target_lines
 
 
 def growth_window(prompts, warmup, window=RELEASE_RSS_WINDOW):
@@ -145,15 +146,28 @@ def analyse(report):
                                                    for label in RELEASE_SERVERS})
     else:
         figures["images"] = {"ok": False, "error": "not every server ran"}
+    figures.update(_latency_figures(servers))
+    figures["releases"] = _release_figures(servers, prompts)
+    report["figures"] = figures
+    return figures
+
+
+def _latency_figures(servers):
+    """The paired latency ratios between the servers (end to end, and ComfyUI's execution auto/plain)."""
     e2e = {label: (servers.get(label) or {}).get("e2e_s") or [] for label in RELEASE_SERVERS}
     exec_s = {label: (servers.get(label) or {}).get("exec_s") or [] for label in RELEASE_SERVERS}
-    figures["latency_ratio"] = latency_ratio(e2e["auto"], e2e["plain"])
-    figures["latency_ratios"] = {f"{a}/{b}": latency_ratio(e2e[a], e2e[b])
-                                 for a, b in (("auto", "plain"), ("off", "plain"), ("auto", "off"), ("auto", "fixed"),
-                                              ("plain", "fixed"))}
-    figures["exec_ratio"] = latency_ratio(exec_s["auto"], exec_s["plain"])
+    return {"latency_ratio": latency_ratio(e2e["auto"], e2e["plain"]),
+            "latency_ratios": {f"{a}/{b}": latency_ratio(e2e[a], e2e[b])
+                               for a, b in (("auto", "plain"), ("off", "plain"), ("auto", "off"), ("auto", "fixed"),
+                                            ("plain", "fixed"))},
+            "exec_ratio": latency_ratio(exec_s["auto"], exec_s["plain"])}
+
+
+def _release_figures(servers, prompts):
+    """What auto's receipts released against what it had to (every model built but the last prompts'); off's
+    receipt count."""
     auto_releases = (servers.get("auto") or {}).get("releases") or {}
-    figures["releases"] = {
+    return {
         "auto": auto_releases, "off": ((servers.get("off") or {}).get("releases") or {}).get("count", 0),
         "released": auto_releases.get("by_outcome", {}).get("released", 0),
         "died": auto_releases.get("died", 0),
@@ -161,79 +175,98 @@ def analyse(report):
         "built_on_auto": prompts,
         "needed": max(0, prompts - RELEASE_LAG),
     }
-    report["figures"] = figures
-    return figures
+
+
+_REPORTED_ONLY = f"reported only (checked at >= {PERF_CHECK_MIN_PROMPTS} prompts)"
 
 
 def evaluate_release(report, check):
     """The targets of a release report (shape of :func:`bench.soak.verdict.evaluate`: ``name``, ``value``,
     ``limit``, ``met``, ``hard``, ``checked``, ``note``)."""
     figures = report.get("figures") or analyse(report)
-    servers = report.get("servers") or {}
     prompts = report.get("prompts", 0)
-    perf_checked = check and prompts >= PERF_CHECK_MIN_PROMPTS
-    targets = []
+    targets = Targets(check, check and prompts >= PERF_CHECK_MIN_PROMPTS)
+    _run_targets(targets, report, report.get("servers") or {}, prompts)
+    _survivor_targets(targets, figures["servers"])
+    _release_targets(targets, figures)
+    _rss_targets(targets, figures)
+    ratio = figures["latency_ratio"]
+    targets.add("median of paired latencies auto / plain", None if ratio is None else round(ratio, 3),
+                RELEASE_LATENCY_TARGET, None if ratio is None else ratio <= RELEASE_LATENCY_TARGET, hard=False,
+                note=None if targets.perf_checked else _REPORTED_ONLY)
+    return targets
 
-    def add(name, value, limit, met, hard=True, note=None):
-        targets.append({"name": name, "value": value, "limit": limit, "met": met, "hard": hard,
-                        "checked": check and (hard or perf_checked), "note": note})
 
+def _run_targets(targets, report, servers, prompts):
+    """Every prompt ran on every server, none failed, no comfy_memx traceback, valid event logs."""
     runs = {label: (servers.get(label) or {}).get("prompts_run", 0) for label in RELEASE_SERVERS}
-    add("all prompts ran on every server", " ".join(f"{k} {v}" for k, v in runs.items()), prompts,
-        all(v == prompts for v in runs.values()) and not report.get("error"), note=report.get("error"))
+    targets.add("all prompts ran on every server", " ".join(f"{k} {v}" for k, v in runs.items()), prompts,
+                all(v == prompts for v in runs.values()) and not report.get("error"), note=report.get("error"))
     failed = {label: (servers.get(label) or {}).get("failed", 0) for label in RELEASE_SERVERS}
-    add("failed prompts", " ".join(f"{k} {v}" for k, v in failed.items()), 0, not any(failed.values()))
+    targets.add("failed prompts", " ".join(f"{k} {v}" for k, v in failed.items()), 0, not any(failed.values()))
     bad = {label: ((servers.get(label) or {}).get("log") or {}).get("comfy_memx_tracebacks", 0)
            + len(((servers.get(label) or {}).get("log") or {}).get("internal_errors", [])) for label in ("off", "auto")}
-    add("comfy_memx tracebacks + internal errors", " ".join(f"{k} {v}" for k, v in bad.items()), 0,
-        not any(bad.values()))
+    targets.add("comfy_memx tracebacks + internal errors", " ".join(f"{k} {v}" for k, v in bad.items()), 0,
+                not any(bad.values()))
+    _event_log_target(targets, servers)
+
+
+def _event_log_target(targets, servers):
+    """Every line of the comfy_memx servers' event logs is a valid event."""
     events = {label: (servers.get(label) or {}).get("events") or {} for label in ("off", "auto")}
-    add("event logs valid", " ".join(f"{k} {e.get('valid', 0)}/{e.get('lines', 0)}" for k, e in events.items()),
-        "all", all(e.get("lines", 0) > 0 and e.get("invalid", 0) == 0 for e in events.values()))
-    alive = figures["servers"]
+    targets.add("event logs valid",
+                " ".join(f"{k} {e.get('valid', 0)}/{e.get('lines', 0)}" for k, e in events.items()),
+                "all", all(e.get("lines", 0) > 0 and e.get("invalid", 0) == 0 for e in events.values()))
+
+
+def _survivor_targets(targets, alive):
+    """The census rules: auto keeps nothing but the last prompts' models, off (and plain) every key once."""
     auto_s, off_s = alive["auto"]["survivors"], alive["off"]["survivors"]
-    add("survivors with release (auto), older than the last prompts", auto_s.get("stale"),
-        f"0 (the last {RELEASE_LAG} prompts' models exempt)", bool(auto_s.get("ok")),
-        note=f"alive {auto_s.get('alive')}, of the last {RELEASE_LAG} prompts {auto_s.get('recent_alive')}")
-    add("survivors without release (off): every key, once", f"{off_s.get('alive')}/{off_s.get('expected')}",
-        "one per leak prompt", bool(off_s.get("ok")))
+    targets.add("survivors with release (auto), older than the last prompts", auto_s.get("stale"),
+                f"0 (the last {RELEASE_LAG} prompts' models exempt)", bool(auto_s.get("ok")),
+                note=f"alive {auto_s.get('alive')}, of the last {RELEASE_LAG} prompts {auto_s.get('recent_alive')}")
+    targets.add("survivors without release (off): every key, once", f"{off_s.get('alive')}/{off_s.get('expected')}",
+                "one per leak prompt", bool(off_s.get("ok")))
     plain_s, fixed_s = alive["plain"]["survivors"], alive["fixed"]["survivors"]
-    add("survivors, plain ComfyUI (pack as written) / fixed pack (workload sanity)",
-        f"{plain_s.get('alive')} / {fixed_s.get('alive')}", "plain: every key; fixed: last prompts only",
-        bool(plain_s.get("ok")) and bool(fixed_s.get("ok")))
+    targets.add("survivors, plain ComfyUI (pack as written) / fixed pack (workload sanity)",
+                f"{plain_s.get('alive')} / {fixed_s.get('alive')}", "plain: every key; fixed: last prompts only",
+                bool(plain_s.get("ok")) and bool(fixed_s.get("ok")))
+
+
+def _release_targets(targets, figures):
+    """auto released every model but the last prompts' (and they died), off released none, the images agree."""
     releases = figures["releases"]
     auto_r = releases["auto"] or {}
     cut = releases["released"] + releases["other_entries_dropped"]
-    add("models released on auto (every model built but the last prompts')",
-        f"{releases['released']} + {releases['other_entries_dropped']} entries dropped with them (died "
-        f"{releases['died']})", f">= {releases['needed']}",
-        cut >= releases["needed"] and releases["died"] >= releases["released"],
-        note="outcomes " + ", ".join(f"{k} {v}" for k, v in (auto_r.get("by_outcome") or {}).items()))
-    add("release receipts on off", releases["off"], 0, releases["off"] == 0)
+    targets.add("models released on auto (every model built but the last prompts')",
+                f"{releases['released']} + {releases['other_entries_dropped']} entries dropped with them (died "
+                f"{releases['died']})", f">= {releases['needed']}",
+                cut >= releases["needed"] and releases["died"] >= releases["released"],
+                note="outcomes " + ", ".join(f"{k} {v}" for k, v in (auto_r.get("by_outcome") or {}).items()))
+    targets.add("release receipts on off", releases["off"], 0, releases["off"] == 0)
     images = figures["images"]
-    add("images identical (every prompt on every server; reuse = original)",
-        f"{images.get('prompts_compared', 0)} prompts, {images.get('reuses_compared', 0)} reuses; differing "
-        f"{images.get('differing', '-')}, reuse differing {images.get('reuse_differing', '-')}, missing "
-        f"{images.get('missing', '-')}", "0 differing", bool(images.get("ok")), note=images.get("error"))
-    per_model = figures["model_bytes"]
+    targets.add("images identical (every prompt on every server; reuse = original)",
+                f"{images.get('prompts_compared', 0)} prompts, {images.get('reuses_compared', 0)} reuses; differing "
+                f"{images.get('differing', '-')}, reuse differing {images.get('reuse_differing', '-')}, missing "
+                f"{images.get('missing', '-')}", "0 differing", bool(images.get("ok")), note=images.get("error"))
+
+
+def _rss_targets(targets, figures):
+    """RSS growth: auto's within the fixed pack's and two models, off's at least half the leaked bytes."""
+    alive = figures["servers"]
     growth = {label: alive[label]["rss_growth"] for label in RELEASE_SERVERS}
-    limit = None if growth["fixed"] is None else growth["fixed"] + RELEASE_RSS_SLACK_MODELS * per_model
-    add("RSS growth with release (auto) <= fixed pack's + 2 models, MiB", _mib(growth["auto"]),
-        None if limit is None else round(limit / MIB, 1),
-        None if growth["auto"] is None or limit is None else growth["auto"] <= limit, hard=False,
-        note="run too short for two RSS windows" if growth["auto"] is None else (
-            None if perf_checked else f"reported only (checked at >= {PERF_CHECK_MIN_PROMPTS} prompts)"))
+    limit = None if growth["fixed"] is None else growth["fixed"] + RELEASE_RSS_SLACK_MODELS * figures["model_bytes"]
+    targets.add("RSS growth with release (auto) <= fixed pack's + 2 models, MiB", _mib(growth["auto"]),
+                None if limit is None else round(limit / MIB, 1),
+                None if growth["auto"] is None or limit is None else growth["auto"] <= limit, hard=False,
+                note="run too short for two RSS windows" if growth["auto"] is None else (
+                    None if targets.perf_checked else _REPORTED_ONLY))
     leaked = figures["leaked_bytes"]
     floor = None if leaked is None else RELEASE_LEAK_RSS_FRACTION * leaked
-    add("RSS growth without release (off) >= half the leaked bytes, MiB", _mib(growth["off"]),
-        None if floor is None else round(floor / MIB, 1),
-        None if growth["off"] is None or floor is None else growth["off"] >= floor,
-        note=None if leaked is None else f"leaked {leaked / MIB:.0f} MiB over the window")
-    ratio = figures["latency_ratio"]
-    add("median of paired latencies auto / plain", None if ratio is None else round(ratio, 3),
-        RELEASE_LATENCY_TARGET, None if ratio is None else ratio <= RELEASE_LATENCY_TARGET, hard=False,
-        note=None if perf_checked else f"reported only (checked at >= {PERF_CHECK_MIN_PROMPTS} prompts)")
-    return targets
+    targets.add("RSS growth without release (off) >= half the leaked bytes, MiB", _mib(growth["off"]),
+                None if floor is None else round(floor / MIB, 1),
+                None if growth["off"] is None or floor is None else growth["off"] >= floor,
+                note=None if leaked is None else f"leaked {leaked / MIB:.0f} MiB over the window")
 
 
 def _mib(value):
@@ -244,12 +277,24 @@ def format_release_summary(report):
     """The readable summary: per-server figures in one table, the cross-server figures, then the targets."""
     figures = report.get("figures") or {}
     servers = report.get("servers") or {}
-    per = figures.get("servers") or {}
-    rows = [("figure",) + RELEASE_SERVERS]
+    workload = report.get("workload") or {}
+    lines = [f"release soak: ComfyUI {report.get('comfyui_version')} ({report.get('comfyui')}), comfy_memx "
+             f"{(servers.get('auto') or {}).get('log', {}).get('comfy_memx_version')}, {report.get('prompts')} "
+             f"prompts per server ({workload.get('leak_prompts')} leak, {workload.get('reuse_prompts')} reuse), "
+             f"models of {format_value((workload.get('model_bytes') or 0) / MIB, 1)} MiB, {format_value(report.get('wall_s'), 0)} s, "
+             f"load average {format_value((report.get('loadavg_1m_during') or {}).get('median'), 1)}"]
+    lines += table_lines(_server_rows(servers, figures.get("servers") or {}))
+    lines += _cross_server_lines(figures)
+    return "\n".join(lines + target_lines(report.get("targets") or []))
+
+
+def _server_rows(servers, per):
+    """The per-server table: a header, then one row per figure with a cell per server."""
 
     def cells(function):
         return tuple(format_value(function(servers.get(label) or {}, per.get(label) or {})) for label in RELEASE_SERVERS)
 
+    rows = [("figure",) + RELEASE_SERVERS]
     rows += [
         ("prompts run / failed",) + cells(lambda s, f: f"{s.get('prompts_run', 0)} / {s.get('failed', 0)}"),
         ("median latency, end to end (s)",) + cells(lambda s, f: s.get("latency", {}).get("e2e", {}).get("median")),
@@ -267,32 +312,21 @@ def format_release_summary(report):
             lambda s, f: "-" if "releases" not in s else
             f"{s['releases'].get('count', 0)} ({s['releases'].get('by_outcome', {}).get('released', 0)})"),
     ]
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
-    workload = report.get("workload") or {}
+    return rows
+
+
+def _cross_server_lines(figures):
+    """The RSS window and what leaked over it, the latency ratios, auto's receipts by pattern and method."""
     window = figures.get("rss_window")
-    lines = [f"release soak: ComfyUI {report.get('comfyui_version')} ({report.get('comfyui')}), comfy_memx "
-             f"{(servers.get('auto') or {}).get('log', {}).get('comfy_memx_version')}, {report.get('prompts')} "
-             f"prompts per server ({workload.get('leak_prompts')} leak, {workload.get('reuse_prompts')} reuse), "
-             f"models of {format_value((workload.get('model_bytes') or 0) / MIB, 1)} MiB, {format_value(report.get('wall_s'), 0)} s, "
-             f"load average {format_value((report.get('loadavg_1m_during') or {}).get('median'), 1)}"]
-    for number, row in enumerate(rows):
-        lines.append("  ".join(str(cell).ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
-        if number == 0:
-            lines.append("  ".join("-" * w for w in widths))
     leaked = figures.get("leaked_bytes")
     ratios = figures.get("latency_ratios") or {}
-    lines.append("")
-    lines.append(f"RSS window: after prompts {window[0] if window else '-'}.. to ..{window[1] if window else '-'}; "
-                 f"leaked over it without release: {format_value(None if leaked is None else leaked / MIB, 0)} MiB")
-    lines.append("latency ratios (median of paired prompts): " + ", ".join(f"{k} {format_value(v)}" for k, v in ratios.items())
-                 + f"; ComfyUI execution auto/plain {format_value(figures.get('exec_ratio'))}")
     auto_r = ((figures.get("releases") or {}).get("auto") or {})
-    lines.append("auto's receipts by pattern: " + ", ".join(f"{k} {v}" for k, v in (auto_r.get("by_pattern") or {}).items())
-                 + "; by method: " + ", ".join(f"{k} {v}" for k, v in (auto_r.get("by_method") or {}).items()))
-    lines.append("")
-    lines.append("targets:")
-    for target in report.get("targets") or []:
-        verdict = {True: "met", False: "MISSED", None: "n/a"}[target["met"]]
-        note = f"  ({target['note']})" if target.get("note") else ""
-        lines.append(f"  [{verdict:6}] {target['name']}: {format_value(target['value'])} (target {target['limit']}){note}")
-    return "\n".join(lines)
+    return [
+        "",
+        f"RSS window: after prompts {window[0] if window else '-'}.. to ..{window[1] if window else '-'}; "
+        f"leaked over it without release: {format_value(None if leaked is None else leaked / MIB, 0)} MiB",
+        "latency ratios (median of paired prompts): " + ", ".join(f"{k} {format_value(v)}" for k, v in ratios.items())
+        + f"; ComfyUI execution auto/plain {format_value(figures.get('exec_ratio'))}",
+        "auto's receipts by pattern: " + ", ".join(f"{k} {v}" for k, v in (auto_r.get("by_pattern") or {}).items())
+        + "; by method: " + ", ".join(f"{k} {v}" for k, v in (auto_r.get("by_method") or {}).items()),
+    ]

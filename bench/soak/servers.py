@@ -264,6 +264,7 @@ def pick_metrics_path(server):
 
 
 def summarize_server(server, prompts, warmup, memx):
+    """One server's figures for the report: prompts and failures, latency, RSS, its polls and free requests."""
     records = server.records
     ok = [r for r in records if r["ok"]]
     summary = {
@@ -276,10 +277,20 @@ def summarize_server(server, prompts, warmup, memx):
     }
     for kind in ("t2i", "t2i+pack"):
         summary["latency"][f"e2e_{kind}"] = describe([r.get("e2e_s") for r in ok if r["kind"] == kind])
+    summary["rss"] = _rss_summary(server, prompts, warmup)
+    polls = {key: _poll_summary(key, entries) for key, entries in server.polls.items()}
+    polls["server_errors"] = _server_errors(server) if memx else 0
+    summary["polls"] = polls
+    summary["frees"] = _free_summary(server, memx)
+    return summary
+
+
+def _rss_summary(server, prompts, warmup):
+    """VmRSS first, last and highest, its growth per 100 prompts (and RssAnon's), thinned sample lists."""
     after = server.rss_after
     timeline = server.rss_timeline
     rss_values = [v for _, v, _ in after if v is not None]
-    summary["rss"] = {
+    return {
         "first": rss_values[0] if rss_values else None, "last": rss_values[-1] if rss_values else None,
         "max": max((t[2] for t in timeline), default=None),
         "growth_mib_per_100": rss_growth_per_100([(i, v) for i, v, _ in after], prompts, warmup),
@@ -287,59 +298,144 @@ def summarize_server(server, prompts, warmup, memx):
         "after_prompt": thin([list(t) for t in after], 600),
         "timeline": thin([list(t) for t in timeline], 600),
     }
-    polls = {}
-    server_errors = 0
-    for key, entries in server.polls.items():
-        statuses = {}
-        for entry in entries:
-            statuses[str(entry["status"])] = statuses.get(str(entry["status"]), 0) + 1
-            if memx and entry["status"] >= 500 and entry["status"] != METRICS_UNAVAILABLE:
-                server_errors += 1
-        polls[key] = {"count": len(entries), "status": statuses,
-                      "max_s": max((e["s"] for e in entries), default=None),
-                      "median_s": median_or_none([e["s"] for e in entries])}
-        if key == "models":
-            rows = [e["rows"] for e in entries if "rows" in e]
-            polls[key].update(rows_first=rows[0] if rows else None, rows_last=rows[-1] if rows else None,
-                              rows_max=max(rows, default=None))
-        if key == "metrics":
-            sizes = [e["bytes"] for e in entries if "bytes" in e]
-            polls[key].update(bytes_first=sizes[0] if sizes else None, bytes_last=sizes[-1] if sizes else None)
-    free_statuses = {}
-    for record in server.frees:
-        free_statuses[str(record["status"])] = free_statuses.get(str(record["status"]), 0) + 1
-        if memx and record["status"] >= 500:
-            server_errors += 1
-    polls["server_errors"] = server_errors
-    summary["polls"] = polls
-    summary["frees"] = {"count": len(server.frees), "skipped_in_flight": server.free_skipped,
-                        "status": free_statuses, "records": server.frees[-60:]}
-    if memx:
-        summary["frees"]["unexpected_survivors"] = sum(len(r.get("unexpected", [])) for r in server.frees)
-        waited = [r["waited_s"] for r in server.frees if isinstance(r.get("waited_s"), (int, float))]
-        summary["frees"]["waited_s"] = describe(waited)
+
+
+def _count_statuses(records):
+    """``{status as text: how many}`` of poll or free records."""
+    statuses = {}
+    for record in records:
+        statuses[str(record["status"])] = statuses.get(str(record["status"]), 0) + 1
+    return statuses
+
+
+def _poll_summary(key, entries):
+    """One poller's figures: answers by status, their times, and the rows (models) or sizes (metrics) seen."""
+    summary = {"count": len(entries), "status": _count_statuses(entries),
+               "max_s": max((e["s"] for e in entries), default=None),
+               "median_s": median_or_none([e["s"] for e in entries])}
+    if key == "models":
+        rows = [e["rows"] for e in entries if "rows" in e]
+        summary.update(rows_first=rows[0] if rows else None, rows_last=rows[-1] if rows else None,
+                       rows_max=max(rows, default=None))
+    if key == "metrics":
+        sizes = [e["bytes"] for e in entries if "bytes" in e]
+        summary.update(bytes_first=sizes[0] if sizes else None, bytes_last=sizes[-1] if sizes else None)
     return summary
+
+
+def _server_errors(server):
+    """Answers of the comfy_memx server's polls and frees that were server errors (a 501 for missing metrics is
+    not one)."""
+    polled = sum(1 for entries in server.polls.values() for entry in entries
+                 if entry["status"] >= 500 and entry["status"] != METRICS_UNAVAILABLE)
+    return polled + sum(1 for record in server.frees if record["status"] >= 500)
+
+
+def _free_summary(server, memx):
+    """The free requests: how many, skipped while one was in flight, by status, the last records; for comfy_memx
+    the unexpected survivors of the receipts and how long each free waited."""
+    frees = {"count": len(server.frees), "skipped_in_flight": server.free_skipped,
+             "status": _count_statuses(server.frees), "records": server.frees[-60:]}
+    if memx:
+        frees["unexpected_survivors"] = sum(len(r.get("unexpected", [])) for r in server.frees)
+        waited = [r["waited_s"] for r in server.frees if isinstance(r.get("waited_s"), (int, float))]
+        frees["waited_s"] = describe(waited)
+    return frees
+
+
+def pick_ports(count, port_base=None):
+    """``count`` distinct ports: ``port_base`` and the ones after it, or free ports."""
+    ports = []
+    for _ in range(count):
+        port = port_base + len(ports) if port_base else drive.free_port()
+        while port in ports:
+            port = drive.free_port()
+        ports.append(port)
+    return ports
+
+
+def start_servers(servers, options, deadline, log):
+    """Start every server, then wait until each answers /system_stats (raising for the first that does not)."""
+    for server in servers:
+        server.start()
+    for server in servers:
+        if not server.wait_ready(min(options.boot_timeout, max(1.0, deadline - time.monotonic()))):
+            raise RuntimeError(f"{server.label} server did not answer /system_stats"
+                               + ("" if server.comfy.alive() else " (it exited)") + f"; log: {server.log_path}")
+    log("servers up: " + ", ".join(f"{s.label} {s.url} ({s.boot_s:.1f} s)" for s in servers)
+        + f"; {options.prompts} prompts each")
+
+
+def run_workload(workload, options, deadline, report, clock, log, plan):
+    """Run every prompt of ``workload`` on the servers ``plan.order(item)`` names, one at a time, through
+    ``plan.run(server, item, prompt_deadline)``; stop when only the final checks' reserve is left (the reason in
+    ``report["error"]``) and log progress every minute (``plan.progress()``, after the prompt count).
+
+    Raises when a server exited during its prompt."""
+    last_report = time.monotonic()
+    for item in workload:
+        if time.monotonic() >= deadline - FINAL_RESERVE_S:
+            report["error"] = (f"--timeout {options.timeout:g} s reached after {item['index']} prompts "
+                               f"({FINAL_RESERVE_S:g} s of it are kept for the final checks)")
+            return
+        for server in plan.order(item):
+            plan.run(server, item, min(deadline - FINAL_RESERVE_S, time.monotonic() + options.prompt_timeout))
+            if not server.comfy.alive():
+                raise RuntimeError(f"{server.label} server exited during prompt {item['index']}; "
+                                   f"log: {server.log_path}")
+        if time.monotonic() - last_report > 60:
+            last_report = time.monotonic()
+            log(f"  {item['index'] + 1}/{options.prompts} prompts, {time.monotonic() - clock:.0f} s; "
+                + plan.progress())
+
+
+class _SoakPlan:
+    """How the soak runs a prompt: on both servers, memx first for even prompts; a free request every
+    ``free_every`` prompts; the RSS after each prompt."""
+
+    def __init__(self, servers, options, clock, progress):
+        self.servers, self.options, self.clock, self.done = servers, options, clock, progress
+
+    def order(self, item):
+        return self.servers if item["index"] % 2 == 0 else self.servers[::-1]
+
+    def run(self, server, item, prompt_deadline):
+        free_now = (item["index"] + 1) % self.options.free_every == 0
+        is_memx = server is self.servers[0]
+        hook = (lambda s=server, m=is_memx: start_free(s, item["index"], m)) if free_now else None
+        record, _ = run_prompt(server, item, prompt_deadline, hook)
+        server.records.append(record)
+        self.done[server.label] = item["index"] + 1
+        vmrss, anon = server.sample(self.clock, item["index"] + 1)
+        server.rss_after.append((item["index"], vmrss, anon))
+
+    def progress(self):
+        return ", ".join(f"{s.label} {s.records[-1].get('e2e_s') or 0:.2f} s" for s in self.servers)
+
+
+def soak_report(options):
+    """The soak report before the run: what runs, on what, in which order."""
+    return {"tool": "bench/soak.py", "comfyui": os.path.abspath(options.comfyui), "python": options.python,
+            "prompts": options.prompts, "leak_mode": options.leak_mode, "error": None,
+            "no_plain": bool(options.no_plain),
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "loadavg_start": os.getloadavg(),
+            "workload": {"workflow": os.path.relpath(WORKFLOW_PATH, ROOT), "pack": PACK_NAME,
+                         "slots": [s for s, _ in SLOTS], "generations": options.generations,
+                         "workload": getattr(options, "workload", WORKLOAD_REUSE),
+                         "free_every": options.free_every, "poll_interval_s": options.poll_interval,
+                         "order": "prompt i runs on both servers, one at a time: memx first for even i, plain "
+                                  "first for odd i; pack nodes in odd prompts" if not options.no_plain
+                                  else "memx server only (--no-plain); pack nodes in odd prompts"},
+            "servers": {}, "comparison": {}}
 
 
 def run_soak(options, log=print):
     """Run the whole soak; returns the report (the servers are always stopped)."""
     wall_start = time.monotonic()
     deadline = wall_start + options.timeout
-    report = {"tool": "bench/soak.py", "comfyui": os.path.abspath(options.comfyui), "python": options.python,
-              "prompts": options.prompts, "leak_mode": options.leak_mode, "error": None,
-              "no_plain": bool(options.no_plain),
-              "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "loadavg_start": os.getloadavg(),
-              "workload": {"workflow": os.path.relpath(WORKFLOW_PATH, ROOT), "pack": PACK_NAME,
-                           "slots": [s for s, _ in SLOTS], "generations": options.generations,
-                           "workload": getattr(options, "workload", WORKLOAD_REUSE),
-                           "free_every": options.free_every, "poll_interval_s": options.poll_interval,
-                           "order": "prompt i runs on both servers, one at a time: memx first for even i, plain "
-                                    "first for odd i; pack nodes in odd prompts" if not options.no_plain
-                                    else "memx server only (--no-plain); pack nodes in odd prompts"},
-              "servers": {}, "comparison": {}}
+    report = soak_report(options)
     workload = build_workload(options.prompts, load_workflow(), options.generations,
                               workload=getattr(options, "workload", WORKLOAD_REUSE))
-    held = expected_held(workload)
     work = options.work_dir or tempfile.mkdtemp(prefix="memx-soak-")
     os.makedirs(work, exist_ok=True)
     report["work_dir"] = work
@@ -347,71 +443,25 @@ def run_soak(options, log=print):
     stop = threading.Event()
     threads = []
     labels = SERVERS[:1] if options.no_plain else SERVERS
-    progress = {label: 0 for label in labels}
     loadavg = []
     finals = {}
     try:
         options.checkpoint_path, built_s = ensure_checkpoint(options, log, min(900.0, deadline - time.monotonic()))
         report["checkpoint"] = options.checkpoint_path
         report["checkpoint_build_s"] = round(built_s, 1)
-        if options.port_base:
-            ports = [options.port_base, options.port_base + 1]
-        else:
-            ports = [drive.free_port(), drive.free_port()]
-            while ports[1] == ports[0]:
-                ports[1] = drive.free_port()
-        for label, port in zip(labels, ports):
+        for label, port in zip(labels, pick_ports(2, options.port_base)):
             base = os.path.join(work, label)
             events = os.path.join(base, "events.jsonl") if label == "memx" else None
             servers.append(Server(label, options, base, port, events))
-        memx, plain = servers[0], (servers[1] if len(servers) > 1 else None)
-        for server in servers:
-            server.start()
-        for server in servers:
-            if not server.wait_ready(min(options.boot_timeout, max(1.0, deadline - time.monotonic()))):
-                raise RuntimeError(f"{server.label} server did not answer /system_stats"
-                                   + ("" if server.comfy.alive() else " (it exited)") + f"; log: {server.log_path}")
-        report["comfyui_version"] = (memx.stats or {}).get("system", {}).get("comfyui_version")
-        log("servers up: " + ", ".join(f"{s.label} {s.url} ({s.boot_s:.1f} s)" for s in servers)
-            + f"; {options.prompts} prompts each")
-        clock = time.monotonic()
-        metrics_path = pick_metrics_path(memx)
-        report["workload"]["metrics_path"] = metrics_path
-        threads.append(threading.Thread(target=rss_loop, args=(servers, stop, clock, progress, loadavg), daemon=True))
-        for server in servers:
-            threads.append(threading.Thread(target=poll_loop, args=(server, stop, options.poll_interval, metrics_path),
-                                            daemon=True))
-        for thread in threads:
-            thread.start()
-        last_report = time.monotonic()
-        for item in workload:
-            if time.monotonic() >= deadline - FINAL_RESERVE_S:
-                report["error"] = (f"--timeout {options.timeout:g} s reached after {item['index']} prompts "
-                                   f"({FINAL_RESERVE_S:g} s of it are kept for the final checks)")
-                break
-            order = servers if item["index"] % 2 == 0 else servers[::-1]
-            for server in order:
-                free_now = (item["index"] + 1) % options.free_every == 0
-                is_memx = server is memx
-                hook = (lambda s=server, m=is_memx: start_free(s, item["index"], m)) if free_now else None
-                record, _ = run_prompt(server, item, min(deadline - FINAL_RESERVE_S,
-                                                         time.monotonic() + options.prompt_timeout), hook)
-                server.records.append(record)
-                progress[server.label] = item["index"] + 1
-                vmrss, anon = server.sample(clock, item["index"] + 1)
-                server.rss_after.append((item["index"], vmrss, anon))
-                if not server.comfy.alive():
-                    raise RuntimeError(f"{server.label} server exited during prompt {item['index']}; "
-                                       f"log: {server.log_path}")
-            if time.monotonic() - last_report > 60:
-                last_report = time.monotonic()
-                log(f"  {item['index'] + 1}/{options.prompts} prompts, {time.monotonic() - clock:.0f} s; "
-                    + ", ".join(f"{s.label} {s.records[-1].get('e2e_s') or 0:.2f} s" for s in servers))
+        start_servers(servers, options, deadline, log)
+        report["comfyui_version"] = (servers[0].stats or {}).get("system", {}).get("comfyui_version")
+        clock, plan = _start_samplers(servers, options, stop, loadavg, report, threads)
+        run_workload(workload, options, deadline, report, clock, log, plan)
         stop.set()
         for server in servers:
             if server.free_thread is not None:
                 server.free_thread.join(timeout=max(1.0, min(120.0, deadline - 150.0 - time.monotonic())))
-        finals = final_checks(memx, plain, options, deadline)
+        finals = final_checks(servers[0], servers[1] if len(servers) > 1 else None, options, deadline)
     except (Exception, KeyboardInterrupt, SystemExit) as error:  # record it; the servers are still stopped below
         report["error"] = f"{type(error).__name__}: {error}"
         report["interrupted"] = not isinstance(error, Exception)
@@ -420,6 +470,28 @@ def run_soak(options, log=print):
         stop_servers(servers, report)
         for thread in threads:
             thread.join(timeout=5.0)
+    _finish_report(report, servers, options, finals, workload, wall_start, loadavg)
+    return report
+
+
+def _start_samplers(servers, options, stop, loadavg, report, threads):
+    """Start the RSS sampler and one poller per server (the metrics path picked first), adding them to ``threads``;
+    returns the run's clock and its :class:`_SoakPlan`."""
+    clock = time.monotonic()
+    progress = {server.label: 0 for server in servers}
+    metrics_path = pick_metrics_path(servers[0])
+    report["workload"]["metrics_path"] = metrics_path
+    threads.append(threading.Thread(target=rss_loop, args=(servers, stop, clock, progress, loadavg), daemon=True))
+    for server in servers:
+        threads.append(threading.Thread(target=poll_loop, args=(server, stop, options.poll_interval, metrics_path),
+                                        daemon=True))
+    for thread in threads:
+        thread.start()
+    return clock, _SoakPlan(servers, options, clock, progress)
+
+
+def _finish_report(report, servers, options, finals, workload, wall_start, loadavg):
+    """After the servers stopped: each one's summary, log scan and events, the comparison and the verdicts."""
     report["wall_s"] = round(time.monotonic() - wall_start, 1)
     report["loadavg_end"] = os.getloadavg()
     report["loadavg_1m_during"] = describe(loadavg)
@@ -435,8 +507,7 @@ def run_soak(options, log=print):
     report["comparison"] = compare(servers)
     report["final"] = {key: value for key, value in finals.items() if key != "receipt"}
     report["final_receipt"] = finals.get("receipt")
-    report["kept_alive"] = kept_alive_verdict(report, finals, workload, servers, held)
-    return report
+    report["kept_alive"] = kept_alive_verdict(report, finals, workload, servers, expected_held(workload))
 
 
 def final_checks(memx, plain, options, deadline):

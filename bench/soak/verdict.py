@@ -85,11 +85,8 @@ def evaluate(report, check):
     plain_ran = not report.get("no_plain")
     comparison = report["comparison"]
     perf_checked = check and report["prompts"] >= PERF_CHECK_MIN_PROMPTS and plain_ran
-    targets = []
-
-    def add(name, value, limit, met, hard, note=None):
-        targets.append({"name": name, "value": value, "limit": limit, "met": met, "hard": hard,
-                        "checked": check and (hard or perf_checked), "note": note})
+    targets = Targets(check, perf_checked)
+    add = targets.add
 
     ran = memx.get("prompts_run", 0)
     add("all prompts ran", f"{ran}/{report['prompts']}", report["prompts"],
@@ -118,6 +115,42 @@ def evaluate(report, check):
     add("RSS growth caused by comfy_memx, MiB/100 prompts", None if growth is None else round(growth, 3),
         RSS_TARGET_MIB_PER_100, None if growth is None else growth <= RSS_TARGET_MIB_PER_100, False, note)
     return targets
+
+
+class Targets(list):
+    """The targets of a soak, in order, each a dict ``name``, ``value``, ``limit``, ``met`` (True/False/None),
+    ``hard``, ``checked`` (whether it decides the exit status under ``--check``: a hard target always, a performance
+    one only when ``perf_checked``) and ``note``."""
+
+    def __init__(self, check, perf_checked):
+        super().__init__()
+        self.check, self.perf_checked = check, perf_checked
+
+    def add(self, name, value, limit, met, hard=True, note=None):
+        """Append one target."""
+        self.append({"name": name, "value": value, "limit": limit, "met": met, "hard": hard,
+                     "checked": self.check and (hard or self.perf_checked), "note": note})
+
+
+def table_lines(rows):
+    """``rows`` (the first one the header) in aligned columns, a rule under the header."""
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for number, row in enumerate(rows):
+        lines.append("  ".join(str(cell).ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+        if number == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return lines
+
+
+def target_lines(targets):
+    """The summary's closing block: each target's verdict, figure, limit and note."""
+    lines = ["", "targets:"]
+    for target in targets:
+        verdict = {True: "met", False: "MISSED", None: "n/a"}[target["met"]]
+        note = f"  ({target['note']})" if target.get("note") else ""
+        lines.append(f"  [{verdict:6}] {target['name']}: {format_value(target['value'])} (target {target['limit']}){note}")
+    return lines
 
 
 def exit_status(targets):
@@ -185,22 +218,11 @@ def format_summary(report):
                  f"{frees.get('status', {}).get('200', 0)} / {frees.get('status', {}).get('202', 0)} / "
                  f"{sum(v for k, v in frees.get('status', {}).items() if k not in ('200', '202'))}",
                  f"/free: {plain.get('frees', {}).get('count', 0)}", ""))
-    widths = [max(len(str(row[i])) for row in rows) for i in range(4)]
     lines = [f"soak: ComfyUI {report.get('comfyui_version')} ({report['comfyui']}), comfy_memx "
              f"{memx.get('log', {}).get('comfy_memx_version')}, leak mode {report['leak_mode']}, "
              f"{report['prompts']} prompts per server, {format_value(report.get('wall_s'), 0)} s, load average "
              f"{format_value(report.get('loadavg_1m_during', {}).get('median'), 1)} (median of 1-min samples)"]
-    for number, row in enumerate(rows):
-        lines.append("  ".join(str(cell).ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
-        if number == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    lines.append("")
-    lines.append("targets:")
-    for target in report["targets"]:
-        verdict = {True: "met", False: "MISSED", None: "n/a"}[target["met"]]
-        note = f"  ({target['note']})" if target.get("note") else ""
-        lines.append(f"  [{verdict:6}] {target['name']}: {format_value(target['value'])} (target {target['limit']}){note}")
-    return "\n".join(lines)
+    return "\n".join(lines + table_lines(rows) + target_lines(report["targets"]))
 
 
 def compare(servers):
