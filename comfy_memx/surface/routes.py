@@ -112,7 +112,7 @@ class Handlers:
     async def free(self, request):
         """POST /memx/free: set ComfyUI's free flags, wait for the worker run that reads them, answer the receipt.
         Open to every caller, as ComfyUI's own ``/free`` is; the survivors' holder searches only for the guarded
-        callers (``surface.access``)."""
+        callers (``routekit.access``)."""
         body = await bodies.read_object(request, FREE_FIELDS, empty=FREE_ALL)
         timeout = _timeout(request)
         unload_models, free_memory = body.get("unload_models", False), body.get("free_memory", False)
