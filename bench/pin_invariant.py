@@ -229,20 +229,20 @@ class Driver:
                 return cpu_free(dev, torch_free_too)
             mm.get_free_memory = get_free_memory
             mm.get_all_torch_devices = lambda exclude_current=False: [] if exclude_current else [self.device]
-        from comfy_memx.pins import session
+        from comfy_memx.pins import api as pins
         from comfy_memx.core import registry
-        self.adopted_at_import = session.managing(mm)
+        self.adopted_at_import = pins.managing(mm)
         if getattr(mm, "MAX_PINNED_MEMORY", -1) <= 0:
             # What ComfyUI does at import on an NVIDIA machine; comfy_memx then adopts it as it would at import.
             mm.MAX_PINNED_MEMORY = 64 * 1024 ** 3
             registry.patch_of("pinned_memory").adopt(mm)
-        self.session = session
-        self.cap = session.cap().bytes if session.cap() is not None else None
-        if not session.managing(mm):
+        self.pins = pins
+        self.cap = pins.cap().bytes if pins.cap() is not None else None
+        if not pins.managing(mm):
             raise RuntimeError("comfy_memx does not budget pins in this ComfyUI (cap %r)" % self.cap)
         self.cap_applied = {"adopted_at_import": self.adopted_at_import, "cap_bytes": self.cap,
                             "max_pinned_memory": int(mm.MAX_PINNED_MEMORY),
-                            "comfyui_max_pinned_memory": session.comfyui_max()}
+                            "comfyui_max_pinned_memory": pins.comfyui_max()}
         if int(mm.MAX_PINNED_MEMORY) != self.cap:
             self.failures["cap"].append(dict(self.cap_applied, problem="MAX_PINNED_MEMORY is not comfy_memx's cap"))
         recorder = Recorder(real, self.owner_of, self.cap)
@@ -358,12 +358,12 @@ class Driver:
     def _books(self, label, mark):
         """The step's record: ComfyUI's pinned total, what the CUDA recorder saw, comfy_memx's books per model and
         the models that lost registrations since the recorder's entry ``mark`` (outside ComfyUI's node ends)."""
-        state = self.session.current()
+        state = self.pins.current()
         raw = None
         if state is not None:
             pinned, in_flight = state.budget.totals()
             raw = pinned - in_flight
-        budget = self.session.budget()
+        budget = self.pins.budget()
         stats = budget.stats() if budget is not None else {"pinned_bytes": None, "per_model": {}}
         by_owner = self.recorder.per_owner()
         per_model = {}
@@ -378,7 +378,7 @@ class Driver:
         return {"step": label, "total_pinned_memory": int(self.mm.TOTAL_PINNED_MEMORY),
                 "registered": self.recorder.total(), "memx": stats["pinned_bytes"], "memx_raw": raw,
                 "per_model": per_model, "unregistered": lost,
-                "unattributed": stats["per_model"].get(self.session.UNATTRIBUTED, 0)}
+                "unattributed": stats["per_model"].get(self.pins.UNATTRIBUTED, 0)}
 
     def _check(self, record, wrapped, victims):
         """File the step under each invariant it breaks: the books, the raw books, the models that lost pins."""
