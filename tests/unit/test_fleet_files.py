@@ -28,7 +28,8 @@ def rules_text():
 
 
 def metric_names(text):
-    """The comfy_memx metric names a PromQL text mentions."""
+    """The comfy_memx metric names a PromQL text mentions (rule group names and comments left out)."""
+    text = re.sub(r"^\s*(#.*|- name: .*)$", "", text, flags=re.M)
     return set(re.findall(r"\bcomfy_memx_[a-z0-9_]+", text))
 
 
@@ -126,7 +127,8 @@ def every_family_exported():
         {"event": "pin_evict", "reason": "cap", "bytes": 1},
         {"event": "pin_refused", "reason": "eviction_failed"},
         {"event": "free", "origin": None, "survivors": 1, "survivor_bytes": 1, "freed_bytes": 1,
-         "memory": {"trim": {"returned_bytes": 1}, "held_bytes": 1, "rss_after": 1}},
+         "memory": {"trim": {"returned_bytes": 1}, "held_bytes": 1, "rss_after": 1},
+         "survivor_packages": [{"package": "p", "loader_package": "p"}]},
     ]:
         m.observe(event)
     return {sample.name for family in prometheus_parser.text_string_to_metric_families(m.exposition()[0].decode())
