@@ -89,14 +89,15 @@ def test_the_dashboard_has_a_datasource_variable_and_job_and_instance_variables_
         variable = variables[name]
         assert variable["type"] == "query" and variable["datasource"]["uid"] == "${datasource}"
         assert variable["includeAll"] and variable["multi"] and variable["allValue"] == ".*"
-        assert "comfy_memx_info" in variable["definition"] and f"{name})" in variable["definition"]
-    assert '{job=~"$job"}' in variables["instance"]["definition"]
+        assert "comfy_memx_info" in variable["query"]["query"] and f"{name})" in variable["query"]["query"]
+    assert '{job=~"$job"}' in variables["instance"]["query"]["query"]
 
 
 def test_every_dashboard_query_selects_the_chosen_job_and_instance():
     for title, ref, expr in dashboard_exprs():
-        selectors = re.findall(r"\bcomfy_memx_[a-z0-9_]+(\{[^}]*\})?", expr)
-        assert selectors and all(selector == "{" + SELECTOR + "}" for selector in selectors), (title, ref, expr)
+        selectors = re.findall(r"\b(?:comfy_memx_[a-z0-9_]+|process_start_time_seconds)(\{[^}]*\})?", expr)
+        assert selectors and all(re.fullmatch(r"\{" + re.escape(SELECTOR) + r'(, [a-z_]+="[a-z_]+")*\}', selector)
+                                 for selector in selectors), (title, ref, expr)
 
 
 def test_the_dashboard_shows_every_group_the_issue_asks_for():
