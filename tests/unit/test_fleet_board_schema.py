@@ -42,34 +42,53 @@ def is_number(value):
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def check_panel(panel):
-    """Problems of one panel (a Panel or a RowPanel of the schema), as text."""
+def check_row(panel):
+    if panel.get("type") != "row":
+        return []
+    if isinstance(panel.get("collapsed"), bool) and is_number(panel.get("id")) and isinstance(panel.get("panels"), list):
+        return []
+    return ["a row needs collapsed, id and panels"]
+
+
+def check_grid_and_source(panel):
     problems = []
-    keys = ROW_KEYS if panel.get("type") == "row" else PANEL_KEYS
-    problems += [f"unknown property {key}" for key in set(panel) - keys]
-    if not isinstance(panel.get("type"), str):
-        problems.append("type is not a string")
-    if panel.get("type") == "row" and not (isinstance(panel.get("collapsed"), bool) and is_number(panel.get("id"))
-                                           and isinstance(panel.get("panels"), list)):
-        problems.append("a row needs collapsed, id and panels")
     grid = panel.get("gridPos", {})
     if set(grid) - {"h", "w", "x", "y", "static"} or not all(is_number(grid.get(key)) for key in "hwxy"):
         problems.append(f"gridPos {grid}")
     if "datasource" in panel and not all(isinstance(v, str) for v in panel["datasource"].values()):
         problems.append("datasource ref is not {type, uid} strings")
+    return problems
+
+
+def check_queries(panel):
+    problems = []
     if not all(isinstance(target, dict) for target in panel.get("targets", [])):
         problems.append("a target is not an object")
     for transformation in panel.get("transformations", []):
         if not isinstance(transformation.get("id"), str) or "options" not in transformation:
             problems.append(f"transformation {transformation} needs id and options")
-    config = panel.get("fieldConfig")
-    if config is not None and not (isinstance(config.get("defaults"), dict) and isinstance(config.get("overrides"), list)):
-        problems.append("fieldConfig needs defaults and overrides")
-    for override in (config or {}).get("overrides", []):
-        if not isinstance(override.get("matcher", {}).get("id"), str) or not all(
-                isinstance(item.get("id"), str) for item in override.get("properties", [])):
-            problems.append(f"override {override}")
     return problems
+
+
+def check_field_config(panel):
+    config = panel.get("fieldConfig")
+    if config is None:
+        return []
+    if not (isinstance(config.get("defaults"), dict) and isinstance(config.get("overrides"), list)):
+        return ["fieldConfig needs defaults and overrides"]
+    return [f"override {override}" for override in config["overrides"]
+            if not isinstance(override.get("matcher", {}).get("id"), str)
+            or not all(isinstance(item.get("id"), str) for item in override.get("properties", []))]
+
+
+def check_panel(panel):
+    """Problems of one panel (a Panel or a RowPanel of the schema), as text."""
+    keys = ROW_KEYS if panel.get("type") == "row" else PANEL_KEYS
+    problems = [f"unknown property {key}" for key in set(panel) - keys]
+    if not isinstance(panel.get("type"), str):
+        problems.append("type is not a string")
+    return (problems + check_row(panel) + check_grid_and_source(panel) + check_queries(panel)
+            + check_field_config(panel))
 
 
 def check_variable(variable):
