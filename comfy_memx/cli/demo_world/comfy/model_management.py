@@ -547,15 +547,8 @@ def free_memory(memory_required, device, keep_loaded=[], for_dynamic=False, pins
     Victims are tried in ``sorted()`` order of (-offloaded bytes, patcher refcount, size, index).
     """
     cleanup_models_gc()
-    candidates = []
-    for index in reversed(range(len(current_loaded_models))):
-        entry = current_loaded_models[index]
-        if (device is None or entry.device == device) and entry not in keep_loaded and not entry.is_dead():
-            candidates.append((-entry.model_offloaded_memory(), sys.getrefcount(entry.model), entry.model_memory(), index))
-            entry.currently_used = False
-
     fully_unloaded = []
-    for *_, index in sorted(candidates):
+    for *_, index in sorted(_unload_candidates(device, keep_loaded)):
         entry = current_loaded_models[index]
         to_free = 1e32
         if device is None or not DISABLE_SMART_MEMORY:
@@ -574,13 +567,29 @@ def free_memory(memory_required, device, keep_loaded=[], for_dynamic=False, pins
         ensure_pin_budget(pins_required)
         ensure_pin_registerable(pins_required)
 
+    _empty_cache_after_free(device, popped)
+    return popped
+
+
+def _unload_candidates(device, keep_loaded):
+    """The sort keys of ``free_memory``'s victims on ``device`` (None: all), each marked as no longer in use."""
+    candidates = []
+    for index in reversed(range(len(current_loaded_models))):
+        entry = current_loaded_models[index]
+        if (device is None or entry.device == device) and entry not in keep_loaded and not entry.is_dead():
+            candidates.append((-entry.model_offloaded_memory(), sys.getrefcount(entry.model), entry.model_memory(), index))
+            entry.currently_used = False
+    return candidates
+
+
+def _empty_cache_after_free(device, popped):
+    """``soft_empty_cache()`` when models were popped, or when torch's cache holds over a quarter of the free VRAM."""
     if popped:
         soft_empty_cache()
     elif device is not None and vram_state != VRAMState.HIGH_VRAM:
         free_total, free_torch = get_free_memory(device, torch_free_too=True)
         if free_torch > free_total * 0.25:
             soft_empty_cache()
-    return popped
 
 
 def _wanted_patchers(models):
