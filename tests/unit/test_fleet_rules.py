@@ -1,8 +1,8 @@
 """The shipped Prometheus alert rules: ``promtool check rules``, ``promtool test rules`` with a firing and a resolving
-case per alert (``tests/fleet/alerts_test.yml``), and a runbook per alert in the README (issue 21).
+case per alert (``tests/fleet/alerts_test.yml``), and a runbook per alert in docs/operations.md (issue 21).
 
 The promtool tests are skipped, with that reason, when promtool is not installed (Debian: ``apt-get install
-prometheus``; ``.ci/run`` installs it). The coverage and README checks run everywhere.
+prometheus``; ``.ci/run`` installs it). The coverage and runbook checks run everywhere.
 """
 
 import os
@@ -77,12 +77,14 @@ def test_the_unit_tests_load_the_shipped_rules_file():
     assert source.read_bytes() == Path(fleet.rules_path()).read_bytes()
 
 
-def test_every_alert_has_a_runbook_in_the_readme():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split("\n## For fleets\n", 1)
-    assert len(section) == 2, "the README has no 'For fleets' section"
+def test_every_alert_has_a_runbook_in_the_operations_page():
+    page = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    section = page.split("\n## Fleets\n", 1)
+    assert len(section) == 2, "docs/operations.md has no 'Fleets' section"
     body = section[1].split("\n## ", 1)[0]
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "\n## For fleets\n" in readme and "docs/operations.md#fleets" in readme  # where the rules' runbook points
     rules = Path(fleet.rules_path()).read_text(encoding="utf-8")
     for name in alert_names():
-        assert f"**{name}**" in body, f"no runbook for {name} in the README's For fleets section"
+        assert f"\n#### {name}\n" in body, f"no runbook heading for {name} in docs/operations.md's Fleets section"
         assert f'runbook: "comfy_memx README, For fleets: {name}"' in rules, name
