@@ -211,3 +211,31 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("# A heading\n\n[here](#a-heading) [there](#gone) [file](nowhere.md)\n", encoding="utf-8")
     assert len(list(missing_links(page))) == 2
+
+
+ISSUE_REFERENCE = re.compile(r"\b(?:issues?|PRs?|pull requests?|tickets?)\s*#?\d+|(?<![\w&%#/'\"=`-])#[1-9]\d*\b",
+                             re.IGNORECASE)
+CODE_FOLDERS = ("comfy_memx", "patches", "tests", "bench", ".ci")
+TEXT_SUFFIXES = {".py", ".yml", ".yaml", ".toml", ".txt", ".md", ".sh", ".cfg", ""}  # not .js/.html: CSS colours
+
+
+def issue_references(text):
+    """Mentions of an issue or pull request by its number (the word, then the number; or a hash sign and the number),
+    which mean nothing to a reader of the repository."""
+    return [match.group(0) for match in ISSUE_REFERENCE.finditer(text)]
+
+
+def test_no_issue_numbers_in_the_code_tests_bench_or_ci():
+    found = []
+    for folder in CODE_FOLDERS:
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.is_file() and path.suffix in TEXT_SUFFIXES and "__pycache__" not in path.parts:
+                for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+                    found += [f"{path.relative_to(ROOT)}:{number}: {ref}" for ref in issue_references(line)]
+    assert found == [], "say what the code is for instead of which issue asked for it:\n" + "\n".join(found)
+
+
+def test_issue_references_are_recognised():
+    planted = "(iss" "ue 21, fleets) Iss" "ue 18: see #" "12 and P" "R 4"   # split: this file is scanned too
+    assert issue_references(planted) == ["iss" "ue 21", "Iss" "ue 18", "#" "12", "P" "R 4"]
+    assert issue_references("SDXL#1, MemxTinyNet%231, ``#0``, # 1. a comment, issues with it, prs") == []

@@ -1,5 +1,5 @@
 """The metrics a fleet's alerts and dashboard read: holder packages of leaks, free receipts, GB/s, the info metric,
-and label cardinality caps (issue 21)."""
+and label cardinality caps."""
 
 import pytest
 

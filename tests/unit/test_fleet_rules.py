@@ -1,5 +1,5 @@
 """The shipped Prometheus alert rules: ``promtool check rules``, ``promtool test rules`` with a firing and a resolving
-case per alert (``tests/fleet/alerts_test.yml``), and a runbook per alert in docs/operations.md (issue 21).
+case per alert (``tests/fleet/alerts_test.yml``), and a runbook per alert in docs/operations.md.
 
 The promtool tests are skipped, with that reason, when promtool is not installed (Debian: ``apt-get install
 prometheus``; ``.ci/run`` installs it). The coverage and runbook checks run everywhere.
