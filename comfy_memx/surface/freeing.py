@@ -37,8 +37,7 @@ from comfy_memx.core import registry
 from comfy_memx.core.comfyui import queue_busy
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.state import STATE
-from comfy_memx.leaks import release as releases
-from comfy_memx.leaks import watch as leakwatch
+from comfy_memx.leaks import api as leaks
 from comfy_memx.surface import readmodel, retention
 from comfy_memx.surface.readmodel import still_loaded
 
@@ -405,7 +404,7 @@ def receipt(request, model_management=None, search_holders=True, trim=False, rel
         for survivor, _ in survivors:
             survivor["search"] = {"note": str(search_holders)}
     for survivor, record in survivors:
-        survivor["leak"] = leakwatch.public_state(record.leak)
+        survivor["leak"] = leaks.public_state(record.leak)
     rows = [survivor for survivor, _ in survivors]
     released = release_survivors(rows) if release else []
     memory = _memory(request, trim)
@@ -453,7 +452,7 @@ def release_survivors(survivors):
             continue
         record = next((r for r in STATE.ledger.records() if r.model_id == survivor["model_id"]), None)
         if record is not None:
-            done.append(releases.release(record, "free", referrers=survivor["holders"]))
+            done.append(leaks.release(record, "free", referrers=survivor["holders"]))
     return done
 
 
@@ -479,7 +478,22 @@ def record_free(request, receipt_data):
                       releases=[{key: row[key] for key in ("model_id", "outcome", "package", "cut")}
                                 for row in receipt_data.get("releases", ())],
                       survivor_bytes=receipt_data["survivor_bytes"], memory=receipt_data["memory"],
+                      survivor_packages=survivor_packages(receipt_data["survivors"]),
                       seconds=round((run.finished or time.time()) - request.began, 3) if run is not None else None)
+
+
+def survivor_packages(rows):
+    """``[{"package", "loader_package"}]``, one per survivor row of a receipt: the package that holds it (its leak
+    record's, else its search's first holder chain's; ``unknown`` when neither named one) and the one that loaded
+    it, so that fleets see who keeps what a free could not release."""
+    found = []
+    for row in rows:
+        holder = (row.get("leak") or {}).get("holder_package")
+        if not holder:
+            holder = next((chain.get("holder_package") for chain in row.get("holders") or ()
+                           if isinstance(chain, dict) and chain.get("holder_package")), None)
+        found.append({"package": holder or "unknown", "loader_package": (row.get("owner") or {}).get("package") or "?"})
+    return found
 
 
 def _freed(request):

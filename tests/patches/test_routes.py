@@ -12,6 +12,7 @@ import weakref
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from comfy_memx.routekit import replies
 from comfy_memx.surface import freeing
 from comfy_memx.surface import metrics
 from comfy_memx.surface import readmodel, routes
@@ -410,7 +411,9 @@ def test_metrics_route_names_and_labels_through_the_patch(tmp_path):
     texts = serve("0.27.0", tmp_path, scenario)
     assert texts[0].split("comfy_memx_load_seconds_sum")[0] == texts[1].split("comfy_memx_load_seconds_sum")[0]
     samples = [s for family in parser.text_string_to_metric_families(texts[0]) for s in family.samples]
-    assert samples and all(s.name.startswith("comfy_memx_") for s in samples)
+    # the prefix on every name but the process collector's standard ones (process_start_time_seconds, ...)
+    assert samples and all(s.name.startswith(("comfy_memx_", "process_")) for s in samples)
+    assert any(s.name == "process_start_time_seconds" for s in samples)
     value = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in samples}
     assert value[("comfy_memx_loads_total", (("package", "leaky_pack"),))] == 2
     assert value[("comfy_memx_unloads_total", (("package", "leaky_pack"), ("reason", "free_request")))] >= 1
@@ -466,7 +469,7 @@ def test_clip_cuts_strings_and_never_reprs_objects():
         def __repr__(self):
             raise AssertionError("repr called")
 
-    clipped = readmodel.clip({"k" * 400: ["v" * 400, Loud(), 1.5, float("inf"), None, True, (1, 2)]}, limit=10)
+    clipped = replies.clip({"k" * 400: ["v" * 400, Loud(), 1.5, float("inf"), None, True, (1, 2)]}, limit=10)
     [(key, value)] = clipped.items()
     assert key == "k" * 9 + "\u2026" and value == ["v" * 9 + "\u2026", "<Loud>", 1.5, None, None, True, [1, 2]]
 

@@ -21,12 +21,11 @@ PATH = re.compile(r"(?<![\w./$-])((?:comfy_memx|patches|tests|bench|docs|\.ci)/[
 DOTTED = re.compile(r"(?<![\w./-])((?:comfy_memx|bench)(?:\.\w+)+)(?::(\w+))?(?![<{*\w])")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 MAX_README_LINES = 250
+FILE_SUFFIXES = {"yml", "yaml", "json", "jsonl", "md", "txt", "png", "dot"}  # comfy_memx.yml: a file one writes
 AWAITING_MERGE = (
-    # Written for work merged in parallel: the guarded dispatch (core.signals, each wing's subscriptions.py, the
-    # fault-injection test), the route kit below the wings, the stand-in as plain modules (which also removes the
-    # demo_world/standin docstrings that point at a base/ tree).  Empty this once those branches are in.
-    "comfy_memx/core/signals.py", "/subscriptions.py", "tests/patches/test_fault_injection.py", "comfy_memx/routekit",
-    "bench.common.write_stand_in_tree", "comfy_memx/cli/demo_world/base/",
+    # Written for the guarded dispatch merged in parallel (core.signals, each wing's subscriptions.py, the
+    # fault-injection test).  Empty this once that branch is in.
+    "comfy_memx/core/signals.py", "/subscriptions.py", "tests/patches/test_fault_injection.py",
     "comfy_memx.core.discovery.subscription_modules",
 )
 
@@ -160,7 +159,7 @@ def missing_names(where, text):
     """What the dotted ``comfy_memx.<x>.<y>`` (and ``bench.<x>``) names of ``text`` name that does not exist."""
     for match in DOTTED.finditer(text):
         dotted, name = match.group(1).rstrip("."), match.group(2)
-        if is_pattern(text, match.end()):
+        if is_pattern(text, match.end()) or dotted.rsplit(".", 1)[-1] in FILE_SUFFIXES:
             continue
         if not dotted_exists(dotted if not name else f"{dotted}.{name}"):
             yield f"{where}: {match.group(0)} does not exist"
