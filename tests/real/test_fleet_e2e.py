@@ -1,4 +1,4 @@
-"""End to end for fleets (issue 21): real ComfyUI 0.33.0 under comfy_memx with a leaking pack, a real Prometheus on
+"""End to end for fleets: real ComfyUI 0.33.0 under comfy_memx with a leaking pack, a real Prometheus on
 loopback scraping its ``/metrics`` every second with comfy_memx's alert rules loaded, prompts run, and then, through
 Prometheus's HTTP API: the rooted-leak alert fires naming the holding package, the survivor alert fires after a
 ``/memx/free`` with the leak alive, no core-patch or inactivity alert fires, and every query of the shipped Grafana

@@ -1,5 +1,5 @@
 """The shipped fleet files: where they are, the Grafana dashboard's schema basics, and that the rules and the
-dashboard only ask for metrics that comfy_memx exports (issue 21)."""
+dashboard only ask for metrics that comfy_memx exports."""
 
 import json
 import os
