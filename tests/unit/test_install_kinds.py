@@ -2,11 +2,12 @@
 
 The sources are the committed tree (HEAD) as a ``git -c core.symlinks=false clone`` (Git's default on Windows) and
 as a ``git archive`` extract (what a zip download holds).  From each: the wheel holds every module of the source tree
-and ``comfy_memx.pth``; ``pip install .`` (into a target folder), the wheel, ``pip install -e .`` (into a prefix,
-its .pth files processed) and the bare checkout on ``sys.path`` all import ``comfy_memx.patches.*`` from the right
-folder, find every patch module, and never import a top-level ``patches``.  Builds run under pip's build isolation
-(pyproject's ``[build-system]`` setuptools, as users get it).  Each import runs in ``python -S`` so that the
-environment running the tests (which has its own comfy_memx) is not seen.
+and ``comfy_memx.pth``; ``pip install .`` (into a target folder), the wheel, ``pip install -e .`` in both of
+setuptools' editable modes (into a prefix, its .pth files processed) and the bare checkout on ``sys.path`` all import
+``comfy_memx.patches.*`` from the right folder, find every patch module, and never import a top-level ``patches``.
+Builds run under pip's build isolation (pyproject's ``[build-system]``: the newest setuptools the index has, as
+users get it).  Each import runs in ``python -S`` so that the environment running the tests (which has its own
+comfy_memx) is not seen.
 """
 
 import io
@@ -33,6 +34,8 @@ mappings = [getattr(sys.modules.get(getattr(f, "__module__", "")), "MAPPING", No
 editable = [m.get("comfy_memx.patches") for m in mappings if isinstance(m, dict)]
 print(json.dumps({"package": os.path.dirname(comfy_memx.__file__), "editable_mapping": editable,
                   "patches": os.path.dirname(comfy_memx.patches.server.__file__),
+                  "patches_source": os.path.dirname(os.path.realpath(comfy_memx.patches.server.__file__)),
+                  "patches_init": os.path.realpath(comfy_memx.patches.__file__),
                   "names": sorted(discovery.patch_names()), "top_level_patches": "patches" in sys.modules}))
 """
 
@@ -103,14 +106,18 @@ def probe(*site_dirs, pythonpath=None, cwd):
     return json.loads(out.stdout)
 
 
-def test_the_source_has_no_symlink_and_no_comfy_memx_patches_entry(source):
+def test_the_source_has_no_symlink_and_no_patch_module_inside_comfy_memx(source):
     assert [p for p in source.rglob("*") if p.is_symlink()] == []
-    assert not (source / "comfy_memx" / "patches").exists()
+    assert sorted(p.name for p in (source / "comfy_memx" / "patches").iterdir()) == ["__init__.py"]
 
 
 @pytest.fixture(scope="module")
 def wheel(source):
-    """The wheel built from ``source`` (once per source)."""
+    """The wheel built from ``source`` (once per source), after an earlier build left a module the sources no longer
+    have in setuptools' build folder: the backend empties it, so the wheel holds only the sources' modules."""
+    stale = source / "build" / "lib" / "comfy_memx" / "moved_away.py"
+    stale.parent.mkdir(parents=True)
+    stale.write_text('"""a module an earlier build copied; the sources no longer have it"""\n')
     dist = source.parent / "dist"
     pip("wheel", "--no-deps", "-w", str(dist), str(source), cwd=source.parent)
     [built] = dist.glob("comfy_memx-*.whl")
@@ -129,6 +136,8 @@ def test_the_wheel_installed_imports_the_patches_from_the_installed_package(sour
     assert result["patches"] == str(tmp_path / "site" / "comfy_memx" / "patches")
     assert result["names"] == patch_module_names(source) and not result["top_level_patches"]
     assert (tmp_path / "site" / "comfy_memx.pth").is_file()
+    installed_init = tmp_path / "site" / "comfy_memx" / "patches" / "__init__.py"
+    assert installed_init.read_bytes() == (source / "patches" / "__init__.py").read_bytes()
 
 
 def test_pip_install_dot_imports_the_patches_from_the_installed_package(source, tmp_path):
@@ -140,23 +149,37 @@ def test_pip_install_dot_imports_the_patches_from_the_installed_package(source, 
     assert result["names"] == patch_module_names(source) and not result["top_level_patches"]
 
 
-def test_the_editable_install_imports_the_patches_from_the_sources_patches_folder(source, tmp_path):
+@pytest.mark.parametrize("mode", ["lenient", "strict"])
+def test_the_editable_install_imports_the_patches_from_the_sources_patches_folder(source, tmp_path, mode):
+    """lenient (pip's default): setuptools' finder maps comfy_memx to the sources, whose comfy_memx/patches/__init__.py
+    adds patches/ to the package's path; strict: a tree of links to the sources' files, patches/ at
+    comfy_memx/patches/ there.  Either way the code run is the sources' patches/, and comfy_memx.pth is installed."""
     work = tmp_path / "src"
     shutil.copytree(source, work)   # an editable install writes build files next to the sources
     prefix = tmp_path / "prefix"
     before = running_environments_comfy_memx()
     # --ignore-installed: without it pip uninstalls the comfy_memx of the environment running the tests
-    pip("install", "--no-deps", "--ignore-installed", "--prefix", str(prefix), "-e", str(work), cwd=tmp_path)
+    pip("install", "--no-deps", "--ignore-installed", "--prefix", str(prefix), "-e", str(work),
+        "--config-settings", f"editable_mode={mode}", cwd=tmp_path)
     purelib = Path(sysconfig.get_path("purelib", vars={"base": str(prefix), "platbase": str(prefix)}))
-    assert (purelib / "comfy_memx.pth").is_file()
+    assert (purelib / "comfy_memx.pth").read_bytes() == (work / "comfy_memx.pth").read_bytes()
     assert running_environments_comfy_memx() == before   # the environment running the tests kept its own
     result = probe(purelib, cwd=tmp_path)
-    assert result["editable_mapping"] == [str(work / "patches")]   # setuptools' finder maps it, not only _layout
-    assert result["package"] == str(work / "comfy_memx") and result["patches"] == str(work / "patches")
+    assert result["patches_source"] == str(work / "patches")
     assert result["names"] == patch_module_names(source) and not result["top_level_patches"]
+    if mode == "lenient":
+        assert result["package"] == str(work / "comfy_memx") and result["patches"] == str(work / "patches")
+        assert result["patches_init"] == str(work / "comfy_memx" / "patches" / "__init__.py")
+        assert result["editable_mapping"] == [str(work / "patches")]   # setuptools' own map, for the same folder
+    else:
+        [links] = (work / "build").glob("__editable__.comfy_memx-*")
+        assert result["package"] == str(links / "comfy_memx")
+        assert result["patches"] == str(links / "comfy_memx" / "patches")
+        assert result["patches_init"] == str(work / "patches" / "__init__.py")
 
 
 def test_the_bare_checkout_on_sys_path_imports_the_patches_from_its_patches_folder(source, tmp_path):
     result = probe(pythonpath=source, cwd=tmp_path)
     assert result["package"] == str(source / "comfy_memx") and result["patches"] == str(source / "patches")
+    assert result["patches_init"] == str(source / "comfy_memx" / "patches" / "__init__.py")
     assert result["names"] == patch_module_names(source) and not result["top_level_patches"]

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CORE = ("core", "_version")                                    # _version: a leaf holding the version string
 WINGS = ("ledger", "pins", "leaks", "sharing", "surface", "fleet")
 TOP = ("patches", "cli")
-ENTRY = ("", "_startup", "auto", "__main__", "_layout", "nodepack")                 # "": the package's own __init__
+ENTRY = ("", "_startup", "auto", "__main__", "nodepack")                 # "": the package's own __init__
 RANK = {**{name: 0 for name in CORE}, **{name: 1 for name in WINGS}, **{name: 2 for name in TOP},
         **{name: 3 for name in ENTRY}}
 # the unit of a module: its wing or top package; core (with _version) is one unit, and so are the entry modules
@@ -51,7 +51,7 @@ def module_files():
             relative = path.relative_to(folder)
             if "__pycache__" in relative.parts or (prefix == "comfy_memx" and relative.parts[0] == "patches"
                                                    and folder == ROOT / "comfy_memx"):
-                continue   # the checkout's link to patches/ is read as patches/ itself
+                continue   # the checkout's pointer to patches/: patches/ itself is read instead
             parts = prefix.split(".") + list(relative.with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()
