@@ -56,7 +56,6 @@ def add_file(wheel_path, source):
         entries = [info for info in old.infolist() if info.filename != name]
         [record] = [info for info in entries if info.filename.endswith(".dist-info/RECORD")]
         added = zipfile.ZipInfo(name, date_time=record.date_time)
-        added.external_attr = 0o644 << 16
         new.writestr(added, data, zipfile.ZIP_DEFLATED)
         for info in entries:
             content = old.read(info)
