@@ -130,6 +130,22 @@ def test_the_wheel_built_from_it_holds_the_whole_package_and_the_startup_line(so
     assert "comfy_memx.pth" in names
 
 
+def test_the_sdist_builds_a_wheel_that_holds_the_whole_package_and_the_startup_line(source, tmp_path):
+    """An sdist (what an index serves beside the wheel) through the in-tree backend, then the wheel pip builds
+    from it: the same files as the wheel built from the sources."""
+    build = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, 'build_backend'); "
+                            "import comfy_memx_build; print(comfy_memx_build.build_sdist(sys.argv[1]))",
+                            str(tmp_path / "sdist")], capture_output=True, text=True, timeout=300, cwd=str(source))
+    assert build.returncode == 0, build.stderr[-3000:]
+    with tarfile.open(tmp_path / "sdist" / build.stdout.split()[-1]) as tar:
+        tar.extractall(tmp_path / "unpacked")
+    [unpacked] = (tmp_path / "unpacked").iterdir()
+    pip("wheel", "--no-deps", "-w", str(tmp_path / "dist"), str(unpacked), cwd=tmp_path)
+    [built] = (tmp_path / "dist").glob("comfy_memx-*.whl")
+    names = set(zipfile.ZipFile(built).namelist())
+    assert {n for n in names if n.endswith(".py")} == source_modules(source) and "comfy_memx.pth" in names
+
+
 def test_the_wheel_installed_imports_the_patches_from_the_installed_package(source, wheel, tmp_path):
     pip("install", "--no-deps", "--ignore-installed", "--target", str(tmp_path / "site"), str(wheel), cwd=tmp_path)
     result = probe(tmp_path / "site", cwd=tmp_path)
