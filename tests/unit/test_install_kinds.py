@@ -142,8 +142,11 @@ def test_the_sdist_builds_a_wheel_that_holds_the_whole_package_and_the_startup_l
     [unpacked] = (tmp_path / "unpacked").iterdir()
     pip("wheel", "--no-deps", "-w", str(tmp_path / "dist"), str(unpacked), cwd=tmp_path)
     [built] = (tmp_path / "dist").glob("comfy_memx-*.whl")
-    names = set(zipfile.ZipFile(built).namelist())
+    archive = zipfile.ZipFile(built)
+    names = set(archive.namelist())
     assert {n for n in names if n.endswith(".py")} == source_modules(source) and "comfy_memx.pth" in names
+    # the sdist lists the checkout's pointer too: it must not replace the package's own init
+    assert archive.read("comfy_memx/patches/__init__.py") == (source / "patches" / "__init__.py").read_bytes()
 
 
 def test_the_wheel_installed_imports_the_patches_from_the_installed_package(source, wheel, tmp_path):
