@@ -140,12 +140,14 @@ def test_the_sdist_builds_a_wheel_that_holds_the_whole_package_and_the_startup_l
     with tarfile.open(tmp_path / "sdist" / build.stdout.split()[-1]) as tar:
         tar.extractall(tmp_path / "unpacked")
     [unpacked] = (tmp_path / "unpacked").iterdir()
+    pointer = unpacked / "comfy_memx" / "patches" / "__init__.py"
+    os.utime(pointer, (pointer.stat().st_atime, pointer.stat().st_mtime + 60))   # newer: copied over a data file
     pip("wheel", "--no-deps", "-w", str(tmp_path / "dist"), str(unpacked), cwd=tmp_path)
     [built] = (tmp_path / "dist").glob("comfy_memx-*.whl")
     archive = zipfile.ZipFile(built)
     names = set(archive.namelist())
     assert {n for n in names if n.endswith(".py")} == source_modules(source) and "comfy_memx.pth" in names
-    # the sdist lists the checkout's pointer too: it must not replace the package's own init
+    # the sdist lists the checkout's pointer too (as data of comfy_memx): it must not replace the package's own init
     assert archive.read("comfy_memx/patches/__init__.py") == (source / "patches" / "__init__.py").read_bytes()
 
 
