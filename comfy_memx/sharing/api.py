@@ -1,5 +1,7 @@
-"""What the patch modules call of the GPU-sharing wing (``patches/server.py``, ``patches/execution.py``,
-``patches/model_management.py``): one small front, so that the wing's modules can move without touching a wrapper.
+"""The GPU-sharing wing's one door: what the patch modules call of it (``patches/server.py``,
+``patches/execution.py``, ``patches/model_management.py``), so that the wing's modules can move without touching a
+wrapper.  No other wing calls it, and it calls no other wing: its routes are built with the route kit
+(``comfy_memx.routekit``), and its unloads go through the function the server patch hands to :func:`serve`.
 
 :func:`serve` (routes and services on ComfyUI's server), :func:`prompt_started` / :func:`prompt_ended` (activity),
 :func:`before_load` (ask idle peers for room before a load).

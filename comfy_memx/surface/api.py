@@ -1,5 +1,6 @@
-"""What the patch modules call of the production surface (``patches/server.py``, ``patches/execution.py``): one
-small front over routes, metrics and the free-request desk.
+"""The production surface's one door: what the patch modules call of it (``patches/server.py``,
+``patches/execution.py``), one small front over routes, metrics and the free-request desk.  No other wing calls it;
+the surface reads the ledger, the leak wing and the pin wing through their own doors (their ``api`` modules).
 
 Server: :func:`serve`, :func:`start_metrics`, :func:`stop_metrics`, :func:`unload_now` (handed to the sharing
 wing).  Prompt worker (following a ``/memx/free``): :func:`flag_set`, :func:`read_flags`, :func:`reset_ended`.
