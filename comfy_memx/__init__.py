@@ -3,7 +3,7 @@
 Start ComfyUI as ``python -m comfy_memx path/to/main.py [ComfyUI args]``, or set ``COMFY_MEMX=1`` with ComfyUI's
 normal start command, or ``import comfy_memx.auto`` when embedding ComfyUI.  This module stays tiny on purpose: the
 interpreter-startup hook imports it in every Python process of the environment, so it must import nothing
-heavy (``_layout`` only finds ``comfy_memx.patches`` in a checkout, with modules Python has already loaded).
+heavy.
 
 Subpackages: ``core`` (settings, process state, the patch machinery, events), ``routekit`` (what every wing's
 routes are built with: answers, access, bodies, numbers, executors), ``ledger`` (who loaded what), ``leaks`` (leak
@@ -12,10 +12,7 @@ reports and strict mode), ``pins`` (pinned-memory cap and budget), ``surface`` (
 launcher and its commands) and ``patches`` (one module per ComfyUI area wrapped).
 """
 
-from comfy_memx import _layout
 from comfy_memx._version import __version__
-
-_layout.link_patches(__path__[0])
 
 __all__ = ["__version__", "status"]
 

@@ -1,4 +1,5 @@
-"""Which patch modules this installation has: the ``.py`` files of ``comfy_memx.patches``, found without importing.
+"""Which patch modules this installation has: the ``.py`` files of ``comfy_memx.patches``, found without importing
+them (the package itself is imported: in a checkout its ``__init__`` adds the top-level ``patches/`` to its path).
 
 Discovery must never silently find nothing: an installation that lost its patch modules (a wheel built without
 them, a checkout without its ``patches/`` folder) would otherwise run ComfyUI unpatched and say nothing.
@@ -6,7 +7,7 @@ them, a checkout without its ``patches/`` folder) would otherwise run ComfyUI un
 bootstrap calls it, so the launcher exits 2 and ``COMFY_MEMX=1`` logs one ERROR.
 """
 
-import importlib.util
+import importlib
 import os
 
 from comfy_memx.core.errors import SetupError
@@ -18,10 +19,10 @@ FIRST = "model_management"  # applied first: the other patches build on its ledg
 def patches_dirs():
     """The folders of ``comfy_memx.patches`` ([] when the package itself cannot be found)."""
     try:
-        spec = importlib.util.find_spec(PACKAGE)
-    except (ImportError, ValueError):
+        package = importlib.import_module(PACKAGE)
+    except ImportError:
         return []
-    return [folder for folder in (spec.submodule_search_locations or []) if os.path.isdir(folder)] if spec else []
+    return [folder for folder in getattr(package, "__path__", ()) if os.path.isdir(folder)]
 
 
 def patch_names(folders=None):

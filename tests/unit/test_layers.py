@@ -23,7 +23,7 @@ CORE = ("core", "_version")                                    # _version: a lea
 KIT = ("routekit",)                                            # what every wing's routes are built with
 WINGS = ("ledger", "pins", "leaks", "sharing", "surface", "fleet")
 TOP = ("patches", "cli")
-ENTRY = ("", "_startup", "auto", "__main__", "_layout", "nodepack")                 # "": the package's own __init__
+ENTRY = ("", "_startup", "auto", "__main__", "nodepack")                 # "": the package's own __init__
 RANK = {**{name: 0 for name in CORE}, **{name: 1 for name in KIT}, **{name: 2 for name in WINGS},
         **{name: 3 for name in TOP}, **{name: 4 for name in ENTRY}}
 BENCH_RANK = 5                                                 # bench/: above the whole package, never imported by it
@@ -67,7 +67,7 @@ def module_files(root=ROOT, installed=True):
             relative = path.relative_to(folder)
             if "__pycache__" in relative.parts or (prefix == "comfy_memx" and relative.parts[0] == "patches"
                                                    and folder == root / "comfy_memx"):
-                continue   # the checkout's link to patches/ is read as patches/ itself
+                continue   # the checkout's pointer to patches/: patches/ itself is read instead
             parts = prefix.split(".") + list(relative.with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()

@@ -1,46 +1,72 @@
-"""``comfy_memx._layout``: a checkout's comfy_memx finds ``patches/`` as ``comfy_memx.patches``, and only its own."""
+"""The checkout's ``comfy_memx/patches/__init__.py``: ``comfy_memx.patches`` spans the checkout's top-level
+``patches/`` folder, only its own checkout's, and a copy of the package without that folder gets nothing added.
 
+Each case imports a copy of the package in a fresh ``python -S`` (nothing installed seen) and prints the package's
+path and where one patch module came from.
+"""
+
+import json
+import os
+import shutil
+import subprocess
 import sys
-import types
+from pathlib import Path
 
-from comfy_memx import _layout
+ROOT = Path(__file__).resolve().parents[2]
+PROBE = """
+import json, sys
+import comfy_memx.patches
+from comfy_memx.core import discovery
+try:
+    import comfy_memx.patches.server as server
+    origin = server.__file__
+except ImportError:
+    origin = None
+print(json.dumps({"path": list(comfy_memx.patches.__path__), "server": origin, "names": list(discovery.patch_names()),
+                  "top_level_patches": "patches" in sys.modules}))
+"""
 
 
-def make_checkout(root, with_patches=True, installed_style=False):
-    package = root / "comfy_memx"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
+def make_copy(root, with_patches=True):
+    """``root/comfy_memx`` (the checkout's package, its pointer included), and ``root/patches`` when asked."""
+    shutil.copytree(ROOT / "comfy_memx", root / "comfy_memx", ignore=shutil.ignore_patterns("__pycache__"))
     if with_patches:
-        patches = package / "patches" if installed_style else root / "patches"
-        patches.mkdir()
-        (patches / "__init__.py").write_text("")
-    return package
+        shutil.copytree(ROOT / "patches", root / "patches", ignore=shutil.ignore_patterns("__pycache__"))
+    return root
 
 
-def test_the_patches_folder_is_found_next_to_the_package_only_where_the_package_lacks_one(tmp_path):
-    assert _layout.checkout_patches_dir(str(make_checkout(tmp_path / "a"))) == str(tmp_path / "a" / "patches")
-    assert _layout.checkout_patches_dir(str(make_checkout(tmp_path / "b", installed_style=True))) is None
-    assert _layout.checkout_patches_dir(str(make_checkout(tmp_path / "c", with_patches=False))) is None
+def probe(*path_entries):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMFY_MEMX", "PYTHONPATH"))}
+    env["PYTHONPATH"] = os.pathsep.join(map(str, path_entries))
+    out = subprocess.run([sys.executable, "-S", "-c", PROBE], capture_output=True, text=True, timeout=120, env=env,
+                         cwd="/")
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
 
 
-def test_the_finder_answers_for_comfy_memx_patches_of_its_own_package_only(tmp_path, monkeypatch):
-    package = make_checkout(tmp_path / "checkout")
-    finder = _layout.CheckoutPatchesFinder(str(package), str(tmp_path / "checkout" / "patches"))
-    other = types.ModuleType("comfy_memx")
-    other.__path__ = [str(tmp_path / "elsewhere" / "comfy_memx")]
-    monkeypatch.setitem(sys.modules, "comfy_memx", other)
-    assert finder.find_spec("comfy_memx.patches") is None       # another comfy_memx is imported: not ours
-    other.__path__ = [str(package)]
-    spec = finder.find_spec("comfy_memx.patches")
-    assert spec.origin == str(tmp_path / "checkout" / "patches" / "__init__.py")
-    assert spec.submodule_search_locations == [str(tmp_path / "checkout" / "patches")]
-    assert finder.find_spec("patches") is None and finder.find_spec("comfy_memx.core") is None
+def test_a_checkout_spans_its_own_patches_folder(tmp_path):
+    checkout = make_copy(tmp_path / "checkout")
+    result = probe(checkout)
+    assert result["path"] == [str(checkout / "comfy_memx" / "patches"), str(checkout / "patches")]
+    assert result["server"] == str(checkout / "patches" / "server.py")
+    assert result["names"] == list(probe_names()) and not result["top_level_patches"]
 
 
-def test_linking_twice_installs_one_finder(tmp_path, monkeypatch):
-    package = make_checkout(tmp_path / "checkout")
-    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
-    first = _layout.link_patches(str(package))
-    assert _layout.link_patches(str(package)) is first
-    assert sum(isinstance(f, _layout.CheckoutPatchesFinder) and f.package_dir == str(package)
-               for f in sys.meta_path) == 1
+def test_a_copy_without_a_patches_folder_beside_it_gets_none_added(tmp_path):
+    bare = make_copy(tmp_path / "bare", with_patches=False)
+    elsewhere = make_copy(tmp_path / "elsewhere")   # another checkout later on sys.path: never borrowed
+    result = probe(bare, elsewhere)
+    assert result["path"] == [str(bare / "comfy_memx" / "patches")]
+    assert result["server"] is None and result["names"] == [] and not result["top_level_patches"]
+
+
+def test_a_patches_folder_that_is_no_package_is_not_added(tmp_path):
+    checkout = make_copy(tmp_path / "checkout")
+    (checkout / "patches" / "__init__.py").unlink()   # some other folder named patches
+    assert probe(checkout)["path"] == [str(checkout / "comfy_memx" / "patches")]
+
+
+def probe_names():
+    """The patch module names of the checkout running the tests."""
+    from comfy_memx.core import discovery
+    return discovery.patch_names([str(ROOT / "patches")])

@@ -100,7 +100,8 @@ def test_the_pack_activates_its_own_comfy_memx_late_once(tmp_path, folder, regis
 @pytest.mark.parametrize("before", ["env", "launcher"])
 def test_an_installed_comfy_memx_already_active_is_kept_and_not_activated_again(tmp_path, before):
     site = tmp_path / "site"
-    shutil.copytree(ROOT / "comfy_memx", site / "comfy_memx", ignore=shutil.ignore_patterns("__pycache__"))
+    # laid out as a wheel installs it: patches/ as comfy_memx/patches/, the checkout's pointer left out
+    shutil.copytree(ROOT / "comfy_memx", site / "comfy_memx", ignore=shutil.ignore_patterns("__pycache__", "patches"))
     shutil.copytree(ROOT / "patches", site / "comfy_memx" / "patches", ignore=shutil.ignore_patterns("__pycache__"))
     pack = make_pack(tmp_path / "custom_nodes", "comfy_memx")
     result, logs = load(pack, before=before, pythonpath=site)

@@ -3,6 +3,11 @@
 Users install a wheel (``pip install .``, a Dockerfile) or run from a checkout; the tests must see what they see.
 """
 
+import ast
+import base64
+import csv
+import hashlib
+import io
 import os
 import shutil
 import subprocess
@@ -49,18 +54,54 @@ def test_the_wheel_holds_every_module_of_the_source_tree_and_nothing_else(wheel)
     assert "comfy_memx.pth" in names
     assert {"comfy_memx/fleet/alerts.yml", "comfy_memx/fleet/dashboard.json"} <= names  # data files (fleets)
     assert {"comfy_memx/web/memx_panel.js", "comfy_memx/web/memx_core.js", "comfy_memx/web/page.html"} <= names
-    assert not any(name.startswith(("tests/", "patches/", "bench/")) for name in names)
+    assert not any(name.startswith(("tests/", "patches/", "bench/", "build_backend/")) for name in names)
+
+
+def test_the_wheels_patches_package_is_the_top_level_patches_folder(wheel):
+    """comfy_memx.patches is built from patches/ alone: the checkout's pointer (comfy_memx/patches/__init__.py)
+    never ships."""
+    archive = zipfile.ZipFile(wheel)
+    assert archive.read("comfy_memx/patches/__init__.py") == (ROOT / "patches" / "__init__.py").read_bytes()
+    module = "model_management.py"
+    assert archive.read(f"comfy_memx/patches/{module}") == (ROOT / "patches" / module).read_bytes()
+    assert archive.read("comfy_memx.pth") == (ROOT / "comfy_memx.pth").read_bytes()
+
+
+def test_the_wheels_record_lists_every_file_with_its_hash(wheel):
+    """The build backend writes the wheel again to add comfy_memx.pth: its RECORD must still be exact (the wheel
+    format's list of files, which pip installs and uninstalls by)."""
+    archive = zipfile.ZipFile(wheel)
+    [record_name] = [name for name in archive.namelist() if name.endswith(".dist-info/RECORD")]
+    rows = {row[0]: row[1:] for row in csv.reader(io.StringIO(archive.read(record_name).decode("utf-8")))}
+    assert set(rows) == set(archive.namelist())
+    for name, (digest, size) in rows.items():
+        if name == record_name:
+            assert digest == size == ""
+            continue
+        data = archive.read(name)
+        expected = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        assert (digest, size) == (f"sha256={expected}", str(len(data))), name
 
 
 def test_the_tree_holds_no_symlink_and_the_checkout_imports_its_patches_from_patches():
     tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-s"], capture_output=True, text=True)
     if tracked.returncode == 0:
         assert [line for line in tracked.stdout.splitlines() if line.startswith("120000")] == []
-    assert not (ROOT / "comfy_memx" / "patches").exists()
-    import comfy_memx.patches
+        checkout_package = subprocess.run(["git", "-C", str(ROOT), "ls-files", "comfy_memx/patches"],
+                                          capture_output=True, text=True).stdout.split()
+        assert checkout_package == ["comfy_memx/patches/__init__.py"]   # the pointer, never a patch module
+    import comfy_memx.patches.model_management
     if INSTALL_KIND != "wheel":
-        assert Path(comfy_memx.patches.__file__).resolve() == ROOT / "patches" / "__init__.py"
+        assert Path(comfy_memx.patches.__file__).resolve() == ROOT / "comfy_memx" / "patches" / "__init__.py"
+        assert Path(comfy_memx.patches.model_management.__file__).resolve() == ROOT / "patches" / "model_management.py"
     assert set(discovery.patch_names()) == {p.stem for p in (ROOT / "patches").glob("[!_]*.py")}
+
+
+def test_the_two_package_files_of_comfy_memx_patches_run_no_code_of_their_own():
+    """A checkout imports comfy_memx/patches/__init__.py, a wheel patches/__init__.py as comfy_memx.patches: the
+    second holds only its docstring, so nothing differs between the two but the checkout's path."""
+    body = ast.parse((ROOT / "patches" / "__init__.py").read_text(encoding="utf-8")).body
+    assert len(body) == 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
 
 
 def test_the_suite_runs_against_the_install_kind_ci_asked_for():

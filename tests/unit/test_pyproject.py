@@ -1,6 +1,7 @@
 """pyproject.toml: one version (the literal the node registry needs equals comfy_memx/_version.py), the registry's
-fields as docs.comfy.org/registry/specifications describes them, and a requirements.txt (what ComfyUI-Manager
-pip-installs into ComfyUI's environment) that never pulls torch or anything ComfyUI already has."""
+fields as docs.comfy.org/registry/specifications describes them, the build (setuptools, unpinned, through the
+in-tree backend), and a requirements.txt (what ComfyUI-Manager pip-installs into ComfyUI's environment) that never
+pulls torch or anything ComfyUI already has."""
 
 import re
 from pathlib import Path
@@ -38,9 +39,15 @@ def test_the_registry_table_has_its_fields_and_no_second_web_folder(project):
     assert "web" not in comfy   # the pack's WEB_DIRECTORY serves the panel; a `web` key would load it twice
 
 
-def test_the_build_backend_is_pinned_to_the_verified_setuptools_range(project):
-    [requirement] = project["build-system"]["requires"]
-    assert re.fullmatch(r"setuptools>=\d+(\.\d+)*,<\d+", requirement)
+def test_the_build_uses_setuptools_with_a_lower_bound_only_through_the_in_tree_backend(project):
+    """No upper pin: the backend uses setuptools' public hooks and table only (no setup.py, no command subclass)."""
+    build = project["build-system"]
+    [requirement] = build["requires"]
+    assert re.fullmatch(r"setuptools>=\d+(\.\d+)*", requirement)
+    [folder] = build["backend-path"]
+    assert (ROOT / folder / (build["build-backend"] + ".py")).is_file()
+    assert not (ROOT / "setup.py").exists()
+    assert project["tool"]["setuptools"]["package-dir"] == {"comfy_memx.patches": "patches"}
 
 
 def test_requirements_txt_lists_nothing_comfyui_has_and_never_torch():
