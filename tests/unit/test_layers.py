@@ -37,6 +37,13 @@ ALLOWED = {
     ("sharing", "comfy_memx.surface.gate"): "... and its executor for blocking work",
 }
 
+# the patches fire core's signals and import only core; the per-layer pin path calls the pin budget directly
+# (a dispatch there costs more than the budget allows: bench/wrappers.py), and nothing else of a wing
+PATCH_DIRECT = {
+    ("comfy_memx.patches.pinned_memory", "comfy_memx.pins.api"): "the pin budget decides each tensor pin",
+    ("comfy_memx.patches.dynamic_pins", "comfy_memx.pins.api"): "... and each per-layer pin",
+}
+
 
 def module_files():
     """``{module name: path}`` of every module of the checkout's package and patches, and of the installed package
@@ -104,6 +111,10 @@ def violations(sources, known=None):
         rank, unit = layer_of(name)
         for line, target in imports_of(name, Path(path), source, known):
             target_rank, target_unit = layer_of(target)
+            if unit == "patches" and target_rank == 1 and (name, target) not in PATCH_DIRECT:
+                found.append(f"{path}:{line}: {name} (patches) imports {target} ({target_unit}): patches import "
+                             "only core (they fire core.signals)")
+                continue
             if target_unit == unit or target_rank < rank:
                 continue
             if target_rank == rank and any(unit == wing and (target == allowed or target.startswith(allowed + "."))
@@ -168,7 +179,7 @@ def test_a_planted_sideways_import_between_wings_fails_unless_listed():
 
 
 def test_imports_down_and_within_a_unit_pass():
-    sources = {"comfy_memx.patches.planted": ("a.py", "from comfy_memx.pins import cap\nimport comfy_memx.core.state\n"),
+    sources = {"comfy_memx.patches.planted": ("a.py", "from comfy_memx.core import signals\nimport comfy_memx.core.state\n"),
                "comfy_memx.ledger.planted": ("b.py", "from . import records\nfrom comfy_memx.core.state import STATE\n"),
                "comfy_memx.__main__": ("c.py", "from comfy_memx.cli.launcher import main\n")}
     assert violations(sources, KNOWN) == []
@@ -219,3 +230,10 @@ def test_the_package_import_graph_has_no_circle():
         if node not in state:
             visit(node)
     assert circles == []
+
+
+def test_a_patch_importing_a_wing_fails():
+    source = '"""Planted."""\n\nfrom comfy_memx.ledger import records\n'
+    assert violations({"comfy_memx.patches.server": ("patches/server.py", source)}, KNOWN) == [
+        "patches/server.py:3: comfy_memx.patches.server (patches) imports comfy_memx.ledger.records (ledger): "
+        "patches import only core (they fire core.signals)"]
