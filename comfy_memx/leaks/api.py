@@ -1,5 +1,5 @@
-"""What the patch modules call of the leak wing (``patches/model_management.py``'s ``cleanup_models_gc``): one
-small front over ``leaks.watch`` and ``leaks.release``.
+"""The leak wing's front (what ``leaks.subscriptions`` hands ComfyUI's ``cleanup_models_gc`` to): one small front
+over ``leaks.watch`` and ``leaks.release``.
 
 :func:`suspects` (the loaded entries whose patcher is gone while the module lives, before ComfyUI's collection),
 :func:`before_collect` and :func:`after_collect` (the report of the ones that survive it, then the ``auto`` release).

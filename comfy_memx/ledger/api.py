@@ -1,5 +1,5 @@
-"""What the patch modules call of the ledger (``patches/model_management.py``, ``patches/execution.py``,
-``patches/loader.py``): one small front, so that moving code between the ledger's modules never touches a wrapper.
+"""The ledger's front (what ``ledger.subscriptions`` hands ComfyUI's events to): one small front, so that moving code
+between the ledger's modules never touches a subscription.
 
 Loads: :func:`begin_load` / :func:`end_load` (one ``load_models_gpu`` call; the entries it dropped silently),
 :func:`loaded_size`, :func:`note_model_load`, :func:`note_model_unload`, :func:`adopt_loaded` (late activation).

@@ -136,10 +136,14 @@ def test_a_faulty_subscriber_changes_no_answer_and_is_logged_once(version, basel
                                        "errors are not logged)"]
 
 
+@pytest.mark.parametrize("phase", ["load_starting", "load_ended"])
 @pytest.mark.parametrize("error", [MemoryError, RecursionError, KeyboardInterrupt])
-def test_memory_recursion_and_interrupt_stay_what_they_are(version, tmp_path, monkeypatch, caplog, error):
-    [fn] = [f for f in signals.load_starting.subscribers() if f.__module__ == "comfy_memx.ledger.subscriptions"]
-    monkeypatch.setattr(signals.load_starting, "_subscribers", planted(signals.load_starting, fn, error("planted")))
+def test_memory_recursion_and_interrupt_stay_what_they_are(version, tmp_path, monkeypatch, caplog, error, phase):
+    """Raised before ComfyUI's ``load_models_gpu`` (which then does not run) or after it (in its ``finally``), each
+    reaches the caller unchanged and unlogged."""
+    signal = getattr(signals, phase)
+    [fn] = [f for f in signal.subscribers() if f.__module__ == "comfy_memx.ledger.subscriptions"]
+    monkeypatch.setattr(signal, "_subscribers", planted(signal, fn, error("planted")))
     caplog.set_level(logging.WARNING, logger="comfy_memx")
     with pytest.raises(error, match="planted"):
         run(version, tmp_path, production(tmp_path))
