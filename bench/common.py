@@ -37,10 +37,22 @@ QUICK_BYTES = 256 * MIB
 TINY_BYTES = 2 * MIB
 READ_CHUNK = 64 * MIB
 HERE = os.path.dirname(os.path.abspath(__file__))
-# The ComfyUI 0.27.0 stand-in that ships in comfy_memx (the demo's world; its source is the one the tests'
-# stand-ins run too), imported by the in-process cases with this folder first on sys.path, as a ComfyUI root.
+# The ComfyUI 0.27.0 stand-in that ships in comfy_memx (the demo's world, and the tests' 0.27.0 shape), imported by
+# the in-process cases with this folder first on sys.path, as a ComfyUI root.
 STAND_IN_0270 = os.path.dirname(os.path.abspath(demo_world.__file__))
 RESULTS_DIR = os.path.join(HERE, "results")
+
+
+def write_stand_in_tree(dest):
+    """Copy the 0.27.0 stand-in into the new folder ``dest`` as a ComfyUI root and return the path of its main.py.
+
+    A server started from the copy writes its caches there, not into the installed comfy_memx; the demo's packs
+    and the folder's package marker stay behind, and ``custom_nodes/`` is created empty.
+    """
+    shutil.copytree(STAND_IN_0270, dest, ignore=shutil.ignore_patterns("__pycache__", "packs", "custom_nodes"))
+    os.remove(os.path.join(dest, "__init__.py"))
+    os.makedirs(os.path.join(dest, "custom_nodes"))
+    return os.path.join(dest, "main.py")
 
 
 def checkpoint_bytes(quick=False, tiny=False):

@@ -52,7 +52,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 from bench import common
-from comfy_memx.cli.demo_world.standin import write_tree
 
 CASE = "exposed"
 MIX = {"searches": (("models", 50), ("queue", 5), ("metrics", 10), ("free", 15), ("search", 20)),
@@ -129,7 +128,7 @@ class Server:
 
     def __init__(self, folder):
         nodes = os.path.join(folder, "custom_nodes")
-        main_py = write_tree(os.path.join(folder, "ComfyUI"))
+        main_py = common.write_stand_in_tree(os.path.join(folder, "ComfyUI"))
         os.makedirs(os.path.join(nodes, "memx_bench"))
         with open(os.path.join(nodes, "memx_bench", "__init__.py"), "w") as f:
             f.write(BENCH_PACK)

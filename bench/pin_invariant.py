@@ -229,20 +229,20 @@ class Driver:
                 return cpu_free(dev, torch_free_too)
             mm.get_free_memory = get_free_memory
             mm.get_all_torch_devices = lambda exclude_current=False: [] if exclude_current else [self.device]
-        from comfy_memx.pins import session
+        from comfy_memx.pins import api as pins
         from comfy_memx.core import registry
-        self.adopted_at_import = session.managing(mm)
+        self.adopted_at_import = pins.managing(mm)
         if getattr(mm, "MAX_PINNED_MEMORY", -1) <= 0:
             # What ComfyUI does at import on an NVIDIA machine; comfy_memx then adopts it as it would at import.
             mm.MAX_PINNED_MEMORY = 64 * 1024 ** 3
             registry.patch_of("pinned_memory").adopt(mm)
-        self.session = session
-        self.cap = session.cap().bytes if session.cap() is not None else None
-        if not session.managing(mm):
+        self.pins = pins
+        self.cap = pins.cap().bytes if pins.cap() is not None else None
+        if not pins.managing(mm):
             raise RuntimeError("comfy_memx does not budget pins in this ComfyUI (cap %r)" % self.cap)
         self.cap_applied = {"adopted_at_import": self.adopted_at_import, "cap_bytes": self.cap,
                             "max_pinned_memory": int(mm.MAX_PINNED_MEMORY),
-                            "comfyui_max_pinned_memory": session.comfyui_max()}
+                            "comfyui_max_pinned_memory": pins.comfyui_max()}
         if int(mm.MAX_PINNED_MEMORY) != self.cap:
             self.failures["cap"].append(dict(self.cap_applied, problem="MAX_PINNED_MEMORY is not comfy_memx's cap"))
         recorder = Recorder(real, self.owner_of, self.cap)
@@ -349,12 +349,12 @@ class Driver:
             action()
         except Exception as exc:
             self.failures["run"].append({"step": label, "error": "%s: %s" % (type(exc).__name__, exc)})
-        state = self.session.current()
+        state = self.pins.current()
         raw = None
         if state is not None:
             pinned, in_flight = state.budget.totals()
             raw = pinned - in_flight
-        budget = self.session.budget()
+        budget = self.pins.budget()
         stats = budget.stats() if budget is not None else {"pinned_bytes": None, "per_model": {}}
         total = int(self.mm.TOTAL_PINNED_MEMORY)
         registered = self.recorder.total()
@@ -364,7 +364,7 @@ class Driver:
             model_id = self.model_id(name)
             per_model[name] = {"registered": by_owner.get(name, 0),
                                "memx": stats["per_model"].get(model_id, 0) if model_id else 0}
-        unattributed = stats["per_model"].get(self.session.UNATTRIBUTED, 0)
+        unattributed = stats["per_model"].get(self.pins.UNATTRIBUTED, 0)
         window = self.recorder.log[mark:]
         node_end = {index for start, end in self.node_ends for index in range(max(start, mark), end)}
         lost = sorted({owner for index, (verb, _, owner) in enumerate(window, mark)

@@ -5,9 +5,11 @@ normal start command, or ``import comfy_memx.auto`` when embedding ComfyUI.  Thi
 interpreter-startup hook imports it in every Python process of the environment, so it must import nothing
 heavy (``_layout`` only finds ``comfy_memx.patches`` in a checkout, with modules Python has already loaded).
 
-Subpackages: ``core`` (settings, process state, the patch machinery, events), ``ledger`` (who loaded what),
-``leaks`` (leak reports and strict mode), ``pins`` (pinned-memory cap and budget), ``surface`` (routes, metrics,
-``/memx/free``), ``cli`` (the launcher and its commands) and ``patches`` (one module per ComfyUI area wrapped).
+Subpackages: ``core`` (settings, process state, the patch machinery, events), ``routekit`` (what every wing's
+routes are built with: answers, access, bodies, numbers, executors), ``ledger`` (who loaded what), ``leaks`` (leak
+reports and strict mode), ``pins`` (pinned-memory cap and budget), ``surface`` (routes, metrics, ``/memx/free``),
+``sharing`` (idle unload and the GPU hand-off), ``fleet`` (Prometheus rules and a Grafana dashboard), ``cli`` (the
+launcher and its commands) and ``patches`` (one module per ComfyUI area wrapped).
 """
 
 from comfy_memx import _layout

@@ -8,6 +8,7 @@ Everything it writes goes to a temporary folder that is removed at the end.
 """
 
 import argparse
+import asyncio
 import json
 import logging
 import os
@@ -81,8 +82,8 @@ def run(workdir, leak_mode):
     import nodes
     pack = os.path.join(workdir, "custom_nodes", "leaky_pack")
     shutil.copytree(os.path.join(WORLD, "packs", "leaky_pack"), pack)
-    nodes.load_custom_node(pack)
-    executor = execution.PromptExecutor()
+    asyncio.run(nodes.load_custom_node(pack))   # ComfyUI's loader is a coroutine; the demo has no event loop
+    executor = execution.PromptExecutor(None)   # no server: the demo runs prompts directly
 
     _say("\n== 1. prompt p1: the custom node LeakyLoader (package leaky_pack) loads an 8 MiB model")
     executor.execute(_loader("sdxl"), "p1")
@@ -91,7 +92,8 @@ def run(workdir, leak_mode):
          " memory-pressure unload")
     mm.SIM_VRAM_TOTAL = mm.minimum_inference_memory() + 12 * MIB
     both = _loader("sdxl")
-    both.update({"3": {"class_type": "SimModelLoader", "inputs": {"tensors": 8, "numel": 256 * 1024}},
+    both.update({"3": {"class_type": "SimModelLoader",
+                       "inputs": {"tensor_count": 8, "tensor_numel": 256 * 1024}},
                  "4": {"class_type": "SimSampler", "inputs": {"model": ["3", 0]}}})
     executor.execute(both, "p2")
     seen = _say_events(STATE, seen)

@@ -262,7 +262,7 @@ def parse_line(line):
     """One log line as JSON, refusing what comfy_memx never writes: nesting deeper than :data:`MAX_DEPTH`,
     ``NaN``/``Infinity``, numbers that overflow a float (``1e999``) or a whole number of more than 19 digits
     (raises ValueError)."""
-    from comfy_memx.surface.bodies import depth
+    from comfy_memx.routekit.bodies import depth
     if depth(line.encode("utf-8", "replace")) > MAX_DEPTH:
         raise ValueError("nested too deep")
     return json.loads(line, parse_constant=_refuse, parse_float=_finite, parse_int=_bounded_int)

@@ -1,14 +1,25 @@
-"""The leak wing's front (what ``leaks.subscriptions`` hands ComfyUI's ``cleanup_models_gc`` to): one small front
-over ``leaks.watch`` and ``leaks.release``.
+"""The leak wing's one door: what its subscriptions (``leaks.subscriptions``) and the other wings call of it, so that
+its modules can move without touching a caller.
 
-:func:`suspects` (the loaded entries whose patcher is gone while the module lives, before ComfyUI's collection),
-:func:`before_collect` and :func:`after_collect` (the report of the ones that survive it, then the ``auto`` release).
+For its subscriptions (``cleanup_models_gc``): :func:`suspects` (the loaded
+entries whose patcher is gone while the module lives, before ComfyUI's collection), :func:`before_collect` and
+:func:`after_collect` (the report of the ones that survive it, then the ``auto`` release).
+
+For the surface (what it shows and does about a leak): :func:`public_state` (a leak's state as JSON builtins),
+:func:`search_now` (a strict holder search of one model now), :func:`releasable_now` (what a release would cut) and
+:func:`release` (cut the cache entry that keeps a leaked model alive).
 """
 
 from comfy_memx.core.state import STATE
 from comfy_memx.leaks import watch
-from comfy_memx.leaks.release import release_automatically
-from comfy_memx.leaks.watch import before_collect, suspects  # noqa: F401
+from comfy_memx.leaks.release import releasable_now, release, release_automatically  # noqa: F401
+from comfy_memx.leaks.watch import before_collect, public_state, suspects  # noqa: F401
+
+
+def search_now(record, ignore=(), budget_s=None):
+    """Search the holders of ``record``'s model now (``leaks.watch.search_now``: strict, within ``budget_s`` CPU
+    seconds, ``ignore`` left out of the search); looked up at each call, so a test may stand in for it there."""
+    return watch.search_now(record, ignore=ignore, budget_s=budget_s)
 
 
 def after_collect(found):

@@ -47,7 +47,7 @@ from comfy_memx.core.errors import internal_error
 from comfy_memx.core.refs import OWN_REFS
 from comfy_memx.core.state import STATE
 from comfy_memx.leaks import patterns
-from comfy_memx.ledger import attribution
+from comfy_memx.ledger import api as ledger
 
 log = logging.getLogger("comfy_memx")
 
@@ -145,7 +145,7 @@ def suspects(model_management):
             found.append(Suspect(module_ref, STATE.ledger.record_for(module)))
         del module
     if found:
-        prompt_id = attribution.current_prompt_id()
+        prompt_id = ledger.current_prompt_id()
         found.window = prompt_id if prompt_id is not None else ("call", next(book().calls))
     return found
 
@@ -191,7 +191,7 @@ def after_collect(found):
 
     Known leaks whose search is waiting (deferred or incomplete) are served before new ones, so that a search
     put off once is not put off again by the next prompt's new leaks."""
-    prompt_id = attribution.current_prompt_id()
+    prompt_id = ledger.current_prompt_id()
     window = found.window
     now = round(time.time(), 6)
     here = sys._getframe()  # the outermost frame of ours that holds a module: the searches skip it

@@ -1,5 +1,6 @@
-"""The ledger's front (what ``ledger.subscriptions`` hands ComfyUI's events to): one small front, so that moving code
-between the ledger's modules never touches a subscription.
+"""The ledger's one door: what its subscriptions (``ledger.subscriptions``, which ComfyUI's events reach through
+``comfy_memx.core.signals``) and the other wings call of it, so that moving code between the ledger's modules never
+touches a caller.
 
 Loads: :func:`begin_load` / :func:`end_load` (one ``load_models_gpu`` call; the entries it dropped silently),
 :func:`loaded_size`, :func:`note_model_load`, :func:`note_model_unload`, :func:`adopt_loaded` (late activation).
@@ -7,13 +8,17 @@ Unload scopes (their reason and who asked): :func:`begin_unload_scope` / :func:`
 :func:`end_unload_scope`.  Prompts and nodes: :func:`prompt_started` / :func:`prompt_ended`, :func:`node_starting` /
 :func:`node_ended` (entries a node dropped).  Free flags: :func:`flag_set`, :func:`flags_served`.  Files:
 :func:`file_loaded`.
+
+For the other wings: :func:`current_prompt_id` (the prompt running on this thread: the leak wing's reports name it)
+and :func:`reload_view` (a record's reload causes: the surface shows them).
 """
 
 from comfy_memx.core.errors import internal_error
 from comfy_memx.ledger import accounting, attribution, causes
 from comfy_memx.ledger.accounting import (adopt_loaded, begin_load, end_load, loaded_size,  # noqa: F401
                                           note_model_unload)
-from comfy_memx.ledger.causes import flags_served, note_flag_set as flag_set  # noqa: F401
+from comfy_memx.ledger.attribution import current_prompt_id  # noqa: F401
+from comfy_memx.ledger.causes import flags_served, note_flag_set as flag_set, reload_view  # noqa: F401
 from comfy_memx.ledger.fileloads import file_loaded  # noqa: F401
 
 

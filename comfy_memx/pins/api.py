@@ -1,5 +1,6 @@
-"""What the patch modules (``patches/pinned_memory.py``, ``patches/dynamic_pins.py``) call: one small, stable API
-over the pin package, so that moving code between its modules never touches a wrapper.
+"""The pin wing's one door: what the patch modules (``patches/pinned_memory.py``, ``patches/dynamic_pins.py``), the
+other wings and the benches call of it, one small, stable API over the pin package, so that moving code between its
+modules never touches a caller.
 
 Life cycle: :func:`start`, :func:`stop`, :func:`managing`, :func:`started_for`, :func:`comfyui_max`,
 :func:`startup_line`.  Decisions (callers hold :func:`pin_lock`): :func:`before_tensor_pin` /
@@ -8,6 +9,9 @@ Life cycle: :func:`start`, :func:`stop`, :func:`managing`, :func:`started_for`, 
 :func:`before_tensor_unpin` / :func:`after_tensor_unpin`, :func:`note_pin_check`, :func:`after_comfyui_eviction`,
 :func:`after_node_reset`, :func:`settle`.  Eviction order: :func:`reorders_eviction`, :func:`free_pins_mru`,
 :func:`free_registrations_mru`.  Reading a layer's pin cheaply (hot path of ``get_pin``): :func:`layer_pin`.
+What the surface and the benches read: :func:`budget` (the pin budget in force, or None), :func:`cap` (the cap in
+force, or None), :func:`comfyui_max`, :func:`managing`, :func:`current` (the pin session, or None) and
+:data:`UNATTRIBUTED` (the budget's owner of pins no model claims).
 """
 
 from comfy_memx.core.errors import internal_error
@@ -18,8 +22,9 @@ from comfy_memx.pins.layout import layer_pin  # noqa: F401
 from comfy_memx.pins.loadscope import sync_load_scope
 from comfy_memx.pins.requests import (after_layer_pin, after_tensor_pin, after_tensor_unpin,  # noqa: F401
                                       before_layer_pin, before_reregister, before_tensor_pin, before_tensor_unpin)
-from comfy_memx.pins.context import REFUSED, current, pin_lock  # noqa: F401
-from comfy_memx.pins.session import comfyui_max, managing, start, started_for, startup_line, stop  # noqa: F401
+from comfy_memx.pins.context import REFUSED, UNATTRIBUTED, current, pin_lock  # noqa: F401
+from comfy_memx.pins.session import (budget, cap, comfyui_max, managing, start, started_for,  # noqa: F401
+                                     startup_line, stop)
 
 
 def call_granted(grant, refused_answer, after, original, args, kwargs):

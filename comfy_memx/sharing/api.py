@@ -1,5 +1,7 @@
-"""The GPU-sharing wing's front (what ``sharing.subscriptions`` hands ComfyUI's events to): one small front, so that
-the wing's modules can move without touching a subscription.
+"""The GPU-sharing wing's one door: what its subscriptions (``sharing.subscriptions``) call of it, so that the wing's
+modules can move without touching a subscription.  No other wing calls it, and it calls no other wing: its routes
+are built with the route kit (``comfy_memx.routekit``), and its unloads go through the function the surface offers
+when the server starts (the signal ``worker_unload_offered``).
 
 :func:`serve` (routes and services on ComfyUI's server), :func:`prompt_started` / :func:`prompt_ended` (activity),
 :func:`before_load` (ask idle peers for room before a load).

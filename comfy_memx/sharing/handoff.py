@@ -13,7 +13,7 @@ tests); on CPU-only machines (``--cpu``) nothing asks automatically, since there
 Who belongs: the registry of a group (``COMFY_MEMX_HANDOFF_GROUP``, default ``default``) is a file of its own in
 this user's private folder (``core.hostshare.private_dir``), so only this user's instances of the same group find
 each other.  Each instance publishes a random peer secret there, and answers ``POST /memx/handoff`` only when the
-caller sends that secret back (``X-Memx-Peer``, checked by ``surface.access``): being able to read the registry is
+caller sends that secret back (``X-Memx-Peer``, checked by ``routekit.access``): being able to read the registry is
 the proof of membership.  A refusal never says this instance's device.
 """
 
@@ -29,8 +29,8 @@ import urllib.request
 from comfy_memx.core.comfyui import queue_busy
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.state import STATE
+from comfy_memx.routekit.access import PEER_HEADER
 from comfy_memx.sharing import worker
-from comfy_memx.surface.access import PEER_HEADER
 
 log = logging.getLogger("comfy_memx")
 REGISTRY_NAME = "comfy_memx-instances"
@@ -178,7 +178,7 @@ def give(queue, body):
     if queue_busy(queue) or activity.activity().running:
         return 409, {"status": "busy", "message": "a prompt is running or waiting; it is never interrupted"}
     timeout = max(0.5, min(float(body.get("timeout") or STATE.config.handoff_wait), STATE.config.handoff_wait))
-    # body: checked by the route (surface.bodies): bytes/from whole numbers, device a string, timeout finite
+    # body: checked by the route (routekit.bodies): bytes/from whole numbers, device a string, timeout finite
     origin = {"kind": "comfy_memx", "via": "handoff", "peer": body.get("from")}
     receipt = worker.unload(queue, origin, timeout=timeout)
     answer = {"status": receipt["status"] if receipt["worker"] != "withdrawn" else "busy",

@@ -8,21 +8,22 @@ route                      method  answer
 =========================  ======  ==============================================================================
 
 Only with ``COMFY_MEMX_HANDOFF=host``; otherwise both answer 404 saying that hand-off is off and which setting
-turns it on (instead of the 405 that ComfyUI answers for an unknown POST path).  They are served on the surface's
-terms: the same error JSON and guard (``surface.routes.guarded``/``guard``), the same access rules (``surface.access``), bodies read by ``surface.bodies``
-and the blocking work on ``gate.work()``.
+turns it on (instead of the 405 that ComfyUI answers for an unknown POST path).  They are built with the route kit
+that the surface's routes use too (``comfy_memx.routekit``): the same error JSON and guard (``replies.guarded``,
+``replies.guard``), the same access rules (``access``), bodies read by ``bodies`` and the blocking work on
+``executors.work()``.
 """
 
 import asyncio
 
 from comfy_memx.core.state import STATE
+from comfy_memx.routekit import access, bodies, executors, numbers
+from comfy_memx.routekit.bodies import Field
+from comfy_memx.routekit.replies import HttpError, answer, guard, guarded
 from comfy_memx.sharing import handoff
-from comfy_memx.surface import access, bodies, gate, numbers
-from comfy_memx.surface.bodies import Field
-from comfy_memx.surface.routes import MAX_TIMEOUT_S, HttpError, answer, guard, guarded
 
 GIVE_FIELDS = {"bytes": Field("int", 0, 2 ** 62), "from": Field("int", 0, 2 ** 62), "device": Field("str"),
-               "timeout": Field("number", 0, MAX_TIMEOUT_S)}
+               "timeout": Field("number", 0, numbers.MAX_TIMEOUT_S)}
 PATHS = ("/memx/handoff", "/memx/handoff/request")
 _REGISTERED = "_comfy_memx_handoff_routes"
 
@@ -41,7 +42,7 @@ class HandoffHandlers:
                                               "(COMFY_MEMX_HANDOFF_GROUP) of this user on this host")
         body = await bodies.read_object(request, GIVE_FIELDS)
         loop = asyncio.get_running_loop()
-        status, given = await loop.run_in_executor(gate.work(), handoff.give, self.server.prompt_queue, body)
+        status, given = await loop.run_in_executor(executors.work(), handoff.give, self.server.prompt_queue, body)
         return answer(given, status=status)
 
     async def ask(self, request):
@@ -58,7 +59,7 @@ class HandoffHandlers:
         self.asking = True
         try:
             loop = asyncio.get_running_loop()
-            return answer(await loop.run_in_executor(gate.work(), handoff.ask_peers, nbytes, "request"))
+            return answer(await loop.run_in_executor(executors.work(), handoff.ask_peers, nbytes, "request"))
         finally:
             self.asking = False
 

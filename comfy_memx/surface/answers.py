@@ -15,7 +15,8 @@ import sys
 import time
 
 from comfy_memx.core.state import STATE
-from comfy_memx.pins import session as pin_session
+from comfy_memx.pins import api as pins
+from comfy_memx.routekit.replies import clip
 from comfy_memx.surface import readmodel
 
 MAX_AGE_S = 1.0
@@ -70,7 +71,7 @@ def models_answer():
 
 def models_body():
     """The ``/memx/models`` JSON body: every live model's row, clipped (see ``readmodel``)."""
-    return json.dumps(readmodel.clip(readmodel.model_rows())).encode("utf-8")
+    return json.dumps(clip(readmodel.model_rows())).encode("utf-8")
 
 
 def models_fingerprint():
@@ -88,6 +89,6 @@ def models_fingerprint():
                                                 id(leak.get("holder")), leak.get("release"))))
     mm = sys.modules.get("comfy.model_management")
     listed = tuple(id(entry) for entry in list(getattr(mm, "current_loaded_models", ()) or ()))
-    budget = pin_session.budget()
+    budget = pins.budget()
     pinned = budget.totals() if budget is not None else getattr(mm, "TOTAL_PINNED_MEMORY", None)
     return tuple(rows), listed, pinned

@@ -1,5 +1,6 @@
-"""The production surface's front (what ``surface.subscriptions`` hands ComfyUI's events to): one small front over
-routes, metrics and the free-request desk.
+"""The production surface's one door: what its subscriptions (``surface.subscriptions``) call of it, one small front
+over routes, metrics and the free-request desk.  No other wing calls it; the surface reads the ledger, the leak wing
+and the pin wing through their own doors (their ``api`` modules).
 
 Server: :func:`serve`, :func:`start_metrics`, :func:`stop_metrics`, :func:`unload_now` (offered to the sharing
 wing).  Prompt worker (following a ``/memx/free``): :func:`flag_set`, :func:`flags_served`, :func:`reset_ended`,

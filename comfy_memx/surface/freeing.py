@@ -37,8 +37,7 @@ from comfy_memx.core import registry
 from comfy_memx.core.comfyui import queue_busy
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.state import STATE
-from comfy_memx.leaks import release as releases
-from comfy_memx.leaks import watch as leakwatch
+from comfy_memx.leaks import api as leaks
 from comfy_memx.surface import readmodel, retention
 from comfy_memx.surface.readmodel import still_loaded
 
@@ -391,7 +390,7 @@ def receipt(request, model_management=None, search_holders=True, trim=False, rel
         for survivor, _ in survivors:
             survivor["search"] = {"note": str(search_holders)}
     for survivor, record in survivors:
-        survivor["leak"] = leakwatch.public_state(record.leak)
+        survivor["leak"] = leaks.public_state(record.leak)
     rows = [survivor for survivor, _ in survivors]
     released = release_survivors(rows) if release else []
     memory = _memory(request, trim)
@@ -439,7 +438,7 @@ def release_survivors(survivors):
             continue
         record = next((r for r in STATE.ledger.records() if r.model_id == survivor["model_id"]), None)
         if record is not None:
-            done.append(releases.release(record, "free", referrers=survivor["holders"]))
+            done.append(leaks.release(record, "free", referrers=survivor["holders"]))
     return done
 
 

@@ -1,10 +1,8 @@
-"""Bounded work behind the routes: executors of their own, one holder search at a time, a CPU budget per minute.
+"""Bounded holder searches behind the routes: one at a time, within a CPU budget per minute.
 
-* **Executors.**  The read routes (``GET /memx/models``, the metrics) run on :data:`READS`, everything that can take
-  long (holder searches, ``/memx/free`` receipts, hand-off calls to peers) on :data:`WORK`, never on asyncio's
-  default executor, so a read never queues behind a search, a receipt or a hung peer.  Both are created on first use
-  and live for the process (daemon threads; a reset of the process state leaves them, they hold nothing).
-* **One search at a time.**  :meth:`SearchGate.search` runs ``leaks.watch.search_now`` under one process-wide lock;
+* **Executors.**  A gated search runs on the routes' work executor (``routekit.executors.work()``), never on the
+  event loop.
+* **One search at a time.**  :meth:`SearchGate.search` runs ``leaks.api.search_now`` under one process-wide lock;
   a caller waits at most ``wait_s`` for it (HTTP: :data:`QUEUE_S`), then gets :class:`Busy` with the seconds to wait
   (the route answers 429 with ``Retry-After``).  At most :data:`MAX_WAITING` callers wait; the next is refused at
   once.
@@ -18,7 +16,6 @@ search; the small ``_books`` lock is held for list arithmetic only.
 """
 
 import collections
-import concurrent.futures
 import math
 import threading
 import time
@@ -30,42 +27,6 @@ QUEUE_S = 2.0        # how long an HTTP search waits for the one before it
 MAX_WAITING = 4      # searches waiting at once; one more is refused at once
 WINDOW_S = 60.0      # the CPU budget's window
 MIN_SEARCH_S = 0.05  # a search with less budget left than this is refused instead of run uselessly short
-READ_THREADS = 4
-WORK_THREADS = 4
-
-class Executors:
-    """The surface's thread pools by name, made on first use (a part of the process state); a reset shuts them down
-    without waiting (what they already run finishes)."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._pools = {}
-
-    def pool(self, name, threads):
-        """The pool ``name`` (``threads`` workers the first time it is asked for)."""
-        with self._lock:
-            pool = self._pools.get(name)
-            if pool is None:
-                pool = self._pools[name] = concurrent.futures.ThreadPoolExecutor(
-                    threads, thread_name_prefix=f"comfy_memx-{name}")
-            return pool
-
-    def close(self):
-        """Shut every pool down, without waiting."""
-        with self._lock:
-            pools, self._pools = list(self._pools.values()), {}
-        for pool in pools:
-            pool.shutdown(wait=False)
-
-
-def reads():
-    """The executor of the read routes."""
-    return STATE.part(Executors).pool("reads", READ_THREADS)
-
-
-def work():
-    """The executor of searches, receipts and hand-off calls."""
-    return STATE.part(Executors).pool("work", WORK_THREADS)
 
 
 class Busy(MemxError):
@@ -134,9 +95,9 @@ class SearchGate:
             raise Busy("busy", self._retry_busy())
 
     def search(self, record, ignore=(), wait_s=QUEUE_S):
-        """Run ``leaks.watch.search_now(record, ignore, budget_s)`` when the lock and the CPU budget allow; raises
+        """Run ``leaks.api.search_now(record, ignore, budget_s)`` when the lock and the CPU budget allow; raises
         :class:`Busy` otherwise.  Blocking: call it on :func:`work`."""
-        from comfy_memx.leaks import watch as leakwatch
+        from comfy_memx.leaks import api as leaks
         now = time.monotonic()
         if self.cpu_left(now) < MIN_SEARCH_S:
             self.counters["refused_budget"] += 1
@@ -162,7 +123,7 @@ class SearchGate:
             self._running_since = time.monotonic()
             cpu_before = time.thread_time()
             try:
-                return leakwatch.search_now(record, ignore=ignore, budget_s=budget)
+                return leaks.search_now(record, ignore=ignore, budget_s=budget)
             finally:
                 cpu = time.thread_time() - cpu_before
                 self._spend(cpu)

@@ -1,37 +1,17 @@
 """The read-model of comfy_memx's production surface: what ``/memx/models``, the metrics and the receipts show.
 
 Plain functions over the ledger and ComfyUI's own figures (attribute reads only, no heap walk), shared by
-``routes``, ``metrics`` and ``freeing`` so that each surface shows the same numbers.  Answers hold names and
-numbers, never objects: :func:`clip` turns anything into JSON-safe builtins with every string cut to
-:data:`MAX_TEXT` characters, and never calls an object's ``repr``.
+``routes``, ``metrics`` and ``freeing`` so that each surface shows the same numbers.  It reads the other wings
+through their doors only (``ledger.api``, ``leaks.api``, ``pins.api``).  Answers hold names and numbers, never
+objects (``routekit.replies.clip`` makes every answer JSON-safe).
 """
 
-import math
 import sys
 
 from comfy_memx.core.state import STATE
-from comfy_memx.leaks import release as releases
-from comfy_memx.leaks import watch as leakwatch
-from comfy_memx.ledger import causes
-from comfy_memx.pins import session as pin_session
-
-MAX_TEXT = 300
-
-
-def clip(value, limit=MAX_TEXT):
-    """``value`` as JSON-safe builtins with every string cut to ``limit`` characters; no ``repr`` of objects."""
-    if isinstance(value, str):
-        return value if len(value) <= limit else value[:limit - 1] + "\u2026"
-    if value is None or isinstance(value, (bool, int)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {clip(key if isinstance(key, str) else str(key), limit): clip(item, limit)
-                for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [clip(item, limit) for item in value]
-    return f"<{type(value).__name__}>"
+from comfy_memx.leaks import api as leaks
+from comfy_memx.ledger import api as ledger
+from comfy_memx.pins import api as pins
 
 
 def model_rows(model_management=None):
@@ -88,8 +68,8 @@ def _row(record, module, mm, listed):
             "loaded_at": record.loaded_at, "last_used": record.last_used, "loads": record.loads,
             "unloads": len(record.unloads),
             "last_unload": {k: last.get(k) for k in ("reason", "requested_by", "bytes", "time")} if last else None,
-            **causes.reload_view(record),
-            "in_comfyui_loaded_list": id(module) in listed, "leak": leakwatch.public_state(record.leak),
+            **ledger.reload_view(record),
+            "in_comfyui_loaded_list": id(module) in listed, "leak": leaks.public_state(record.leak),
             "release": release_view(record)}
 
 
@@ -99,7 +79,7 @@ def release_view(record):
     leak = record.leak
     if leak is None or leak.get("stage") != "rooted":
         return None
-    view = releases.releasable_now(leak.get("referrers") or (), record.holder_steps)
+    view = leaks.releasable_now(leak.get("referrers") or (), record.holder_steps)
     policy = STATE.config.release
     if policy == "off":
         view.update(possible=False, why="release is off (COMFY_MEMX_RELEASE=off; ask or auto turn it on)")
@@ -116,7 +96,7 @@ def _parameter_device(module):
 
 
 def _pinned_bytes(record, patcher, mm):
-    budget = pin_session.budget()
+    budget = pins.budget()
     if budget is not None:
         return int(budget.pinned(record.model_id))
     if patcher is None:
@@ -148,8 +128,8 @@ def pin_facts(model_management=None):
     """``{"pinned_bytes", "cap_bytes", "comfyui_cap_bytes"}``: pinned host memory now, comfy_memx's cap in force
     (None when comfy_memx does not budget pins) and ComfyUI's own ``MAX_PINNED_MEMORY`` (None before 0.27.0)."""
     mm = model_management if model_management is not None else sys.modules.get("comfy.model_management")
-    cap = pin_session.cap()
-    comfyui_cap = pin_session.comfyui_max()
+    cap = pins.cap()
+    comfyui_cap = pins.comfyui_max()
     if comfyui_cap is None and mm is not None:
         comfyui_cap = getattr(mm, "MAX_PINNED_MEMORY", None)
     pinned = getattr(mm, "TOTAL_PINNED_MEMORY", 0) if mm is not None else 0

@@ -19,16 +19,17 @@ release``                      ``{"path"}`` optional); guarded; 403 while COMFY_
 ``/memx/metrics``      GET     the same, always
 =====================  ======  ==================================================================================
 
-ComfyUI also serves each of them under ``/api``.  Who may call the POSTs is ``surface.access``'s decision (guarded:
-loopback or the token); their bodies are read by ``surface.bodies`` (bounded, typed: 400/413, never 500); the reads
-run on ``gate.reads()``, everything that can take long on ``gate.work()``.  Apart from the POSTs they only read
-state; none accepts a file path; answers hold names and numbers, never tensors (``readmodel.clip``: strings cut to 300 characters,
-objects that are not JSON values shown as ``<TypeName>``, never through their ``repr``).  A failing handler answers
-an error JSON (``{"error", "message"}``) and the server keeps serving.  aiohttp is imported by :func:`register`
-only.
+ComfyUI also serves each of them under ``/api``.  They are built with the route kit (``comfy_memx.routekit``): who
+may call the POSTs is ``routekit.access``'s decision (guarded: loopback or the token); their bodies are read by
+``routekit.bodies`` (bounded, typed: 400/413, never 500); the reads run on ``executors.reads()``, everything that
+can take long on ``executors.work()``.  Apart from the POSTs they only read state; none accepts a file path; answers
+hold names and numbers, never tensors (``routekit.replies.clip``: strings cut to 300 characters, objects that are
+not JSON values shown as ``<TypeName>``, never through their ``repr``).  A failing handler answers an error JSON
+(``{"error", "message"}``) and the server keeps serving (``routekit.replies.guarded``).  aiohttp is imported by
+:func:`register` only.
 
 The hand-off's routes (``/memx/handoff``, ``/memx/handoff/request``) are the sharing wing's own: ``sharing.routes``
-registers them on the same terms, with :func:`guarded`, :func:`guard` and :func:`answer` from here.
+registers them with the same kit.
 """
 
 import asyncio
@@ -36,30 +37,22 @@ import json
 import logging
 
 from comfy_memx.core import registry
-from comfy_memx.core.errors import MemxError, internal_error
 from comfy_memx.core.state import STATE
-from comfy_memx.leaks import release as releases
-from comfy_memx.surface import access, answers, bodies, freeing, gate, metrics, numbers, panel, readmodel, timeline
-from comfy_memx.surface.bodies import Field
+from comfy_memx.leaks import api as leaks
+from comfy_memx.routekit import access, bodies, executors, numbers
+from comfy_memx.routekit.bodies import Field
+from comfy_memx.routekit.replies import HttpError, answer, clip, guard, guarded
+from comfy_memx.surface import answers, freeing, gate, metrics, panel, readmodel, timeline
 
 log = logging.getLogger("comfy_memx")
 
 DEFAULT_TIMEOUT_S = 60.0
-MAX_TIMEOUT_S = 3600.0
+MAX_TIMEOUT_S = numbers.MAX_TIMEOUT_S
 NUDGE_S = 0.5            # while the worker has not read the flags, it is woken this often
 METRICS_PATH = "/metrics"
 OWN_METRICS_PATH = "/memx/metrics"
 FREE_ALL = {"unload_models": True, "free_memory": True}
 _REGISTERED = "_comfy_memx_routes"
-
-
-class HttpError(MemxError):
-    """A request the route refuses: ``status`` and a message for the error JSON (``retry_after``: seconds, sent as
-    the ``Retry-After`` header of a 429)."""
-
-    def __init__(self, status, kind, message, retry_after=None):
-        super().__init__(message)
-        self.status, self.kind, self.retry_after = status, kind, retry_after
 
 
 def can_observe_worker():
@@ -89,7 +82,7 @@ class Handlers:
         """GET /memx/models (rows built and serialized on the reads executor once per change, shared by the requests
         made meanwhile: ``surface.answers``; the event loop only sends bytes)."""
         from aiohttp import web
-        body = await answers.models_answer().get(gate.reads())
+        body = await answers.models_answer().get(executors.reads())
         return web.Response(body=body, content_type="application/json")
 
     async def status(self, request):
@@ -98,7 +91,7 @@ class Handlers:
         replacement), and the pinned bytes against the caps (``readmodel.pin_facts``, as in the metrics).  Nothing
         of the settings' values beyond the leak mode and the pin cap in force."""
         from comfy_memx._version import __version__
-        return _json({"version": __version__, "source": STATE.source, "leak_mode": STATE.config.leak_mode,
+        return answer({"version": __version__, "source": STATE.source, "leak_mode": STATE.config.leak_mode,
                       "release": STATE.config.release, "release_packages": list(STATE.config.release_packages),
                       "sites": registry.site_status(),
                       "pins": readmodel.pin_facts()})
@@ -113,13 +106,13 @@ class Handlers:
                 from None
         from aiohttp import web
         loop = asyncio.get_running_loop()
-        body = await loop.run_in_executor(gate.reads(), _timeline_body, since)
+        body = await loop.run_in_executor(executors.reads(), _timeline_body, since)
         return web.Response(body=body, content_type="application/json")
 
     async def free(self, request):
         """POST /memx/free: set ComfyUI's free flags, wait for the worker run that reads them, answer the receipt.
         Open to every caller, as ComfyUI's own ``/free`` is; the survivors' holder searches only for the guarded
-        callers (``surface.access``)."""
+        callers (``routekit.access``)."""
         body = await bodies.read_object(request, FREE_FIELDS, empty=FREE_ALL)
         timeout = _timeout(request)
         unload_models, free_memory = body.get("unload_models", False), body.get("free_memory", False)
@@ -137,7 +130,7 @@ class Handlers:
         finally:
             freeing.end(ticket)
         loop = asyncio.get_running_loop()
-        receipt = await loop.run_in_executor(gate.work(), _finish_free, ticket, done,
+        receipt = await loop.run_in_executor(executors.work(), _finish_free, ticket, done,
                                              done and (True if allowed else NOT_SEARCHED), done and release is True)
         if isinstance(release, str):
             receipt["release_note"] = release
@@ -151,26 +144,26 @@ class Handlers:
         elif not done:
             receipt["note"] = (f"the prompt worker had not finished freeing after {timeout:g} s; survivors so far "
                                "are the leaked models only")
-        return _json(receipt, status=200 if done else 202)
+        return answer(receipt, status=200 if done else 202)
 
     async def search(self, request):
         """POST /memx/models/{model_id}/search: search the holders of one live model now (guarded, one at a time,
         within the CPU budget: 429 with Retry-After otherwise)."""
-        _guard(request)
+        guard(request)
         record = _record(request)
         model_id = record.model_id
         loop = asyncio.get_running_loop()
         try:
             gate.gate().refuse_early()
-            found = await loop.run_in_executor(gate.work(), gate.gate().search, record)
+            found = await loop.run_in_executor(executors.work(), gate.gate().search, record)
         except gate.Busy as busy:
             raise HttpError(429, busy.why, _busy_message(busy), retry_after=busy.retry_after) from None
-        return _json({"model": record.model, "model_id": model_id, **found})
+        return answer({"model": record.model, "model_id": model_id, **found})
 
     async def release(self, request):
         """POST /memx/models/{model_id}/release: cut the pack-cache entry that keeps one leaked model alive and answer
         the receipt (guarded, as the search; off unless COMFY_MEMX_RELEASE is ask or auto)."""
-        _guard(request)
+        guard(request)
         if STATE.config.release == "off":
             raise HttpError(403, "release_off", "release is off in this server: start it with COMFY_MEMX_RELEASE=ask "
                                                 "(or auto) to let comfy_memx cut a pack's cache entry")
@@ -179,7 +172,7 @@ class Handlers:
         loop = asyncio.get_running_loop()
         try:
             gate.gate().refuse_early()
-            receipt = await loop.run_in_executor(gate.work(), release_one, record, "http", body.get("path"))
+            receipt = await loop.run_in_executor(executors.work(), release_one, record, "http", body.get("path"))
         except gate.Busy as busy:
             raise HttpError(429, busy.why, _busy_message(busy), retry_after=busy.retry_after) from None
         status, kind = RELEASE_ANSWERS.get(receipt["outcome"], (500, "internal"))
@@ -188,16 +181,16 @@ class Handlers:
         payload = {"model": record.model, "model_id": record.model_id, "release": receipt}
         if status != 200:
             payload = {"error": kind, "message": receipt["reason"], **payload}
-        return _json(payload, status=status)
+        return answer(payload, status=status)
 
     async def metrics(self, request):
         """GET /metrics and /memx/metrics: Prometheus text, or 501 without prometheus_client."""
         from aiohttp import web
         installed = metrics.installed() or metrics.install()
         if installed is None:
-            return _json({"error": "metrics_unavailable", "message": metrics.INSTALL_HINT}, status=501)
+            return answer({"error": "metrics_unavailable", "message": metrics.INSTALL_HINT}, status=501)
         loop = asyncio.get_running_loop()
-        body, content_type = await loop.run_in_executor(gate.reads(), installed.exposition)
+        body, content_type = await loop.run_in_executor(executors.reads(), installed.exposition)
         response = web.Response(body=body)
         response.headers["Content-Type"] = content_type
         return response
@@ -217,22 +210,16 @@ def _record(request):
 def release_one(record, trigger, path=None):
     """Release one model (``leaks.release``), searching its holders first through the search gate when no search
     of it has found any yet (a model ComfyUI never warned about, say a survivor of a free).  Blocking: call it on
-    ``gate.work()``; raises :class:`gate.Busy` when that search cannot run now."""
+    ``executors.work()``; raises :class:`gate.Busy` when that search cannot run now."""
     leak = record.leak or {}
     referrers = leak.get("referrers") if leak.get("stage") == "rooted" else None
     if not referrers or not record.holder_steps:
         referrers = gate.gate().search(record).get("holders") or []
-    return releases.release(record, trigger, path=path, referrers=referrers)
+    return leaks.release(record, trigger, path=path, referrers=referrers)
 
 
 def _timeline_body(since):
-    return json.dumps(readmodel.clip(timeline.install().view(since))).encode("utf-8")
-
-
-def _guard(request):
-    allowed, _how = access.check(request)
-    if not allowed:
-        raise HttpError(403, "forbidden", access.refusal())
+    return json.dumps(clip(timeline.install().view(since))).encode("utf-8")
 
 
 def _busy_message(busy):
@@ -300,33 +287,6 @@ async def _wait_done(ticket, timeout):
     return ticket.done
 
 
-def _json(payload, status=200):
-    from aiohttp import web
-    return web.json_response(readmodel.clip(payload), status=status)
-
-
-def _guarded(name, handler):
-    async def guarded(request):
-        try:
-            return await handler(request)
-        except HttpError as exc:
-            response = _json({"error": exc.kind, "message": str(exc)}, status=exc.status)
-            if exc.retry_after is not None:
-                response.headers["Retry-After"] = str(int(exc.retry_after))
-            return response
-        except bodies.BadBody as exc:
-            return _json({"error": exc.kind, "message": str(exc)}, status=exc.status)
-        except Exception as exc:
-            internal_error(f"route {name}", exc, answered=True)   # a route still answers
-            return _json({"error": "internal", "message": f"{type(exc).__name__}: {exc}"}, status=500)
-    guarded.__name__ = guarded.__qualname__ = f"memx_{handler.__name__}"
-    return guarded
-
-
-# the kit for the routes another wing registers on the same terms (sharing.routes)
-guarded, answer, guard = _guarded, _json, _guard
-
-
 # -- registration ----------------------------------------------------------------------------------------------------
 
 def metrics_path_taken(server):
@@ -355,13 +315,13 @@ def register(server):
     handlers = Handlers(server)
     STATE.events.avoid_loop(getattr(server, "loop", None))   # no events-file I/O on ComfyUI's server loop
     routes = server.routes
-    routes.get("/memx/models")(_guarded("/memx/models", handlers.models))
-    routes.get("/memx/status")(_guarded("/memx/status", handlers.status))
-    routes.get("/memx/timeline")(_guarded("/memx/timeline", handlers.timeline))
-    routes.post("/memx/free")(_guarded("/memx/free", handlers.free))
-    routes.post("/memx/models/{model_id}/search")(_guarded("/memx/models/{model_id}/search", handlers.search))
-    routes.post("/memx/models/{model_id}/release")(_guarded("/memx/models/{model_id}/release", handlers.release))
-    metrics_handler = _guarded("metrics", handlers.metrics)
+    routes.get("/memx/models")(guarded("/memx/models", handlers.models))
+    routes.get("/memx/status")(guarded("/memx/status", handlers.status))
+    routes.get("/memx/timeline")(guarded("/memx/timeline", handlers.timeline))
+    routes.post("/memx/free")(guarded("/memx/free", handlers.free))
+    routes.post("/memx/models/{model_id}/search")(guarded("/memx/models/{model_id}/search", handlers.search))
+    routes.post("/memx/models/{model_id}/release")(guarded("/memx/models/{model_id}/release", handlers.release))
+    metrics_handler = guarded("metrics", handlers.metrics)
     routes.get(OWN_METRICS_PATH)(metrics_handler)
     served = ["/memx/models", "/memx/status", "/memx/timeline", "/memx/free", "/memx/models/{model_id}/search",
               "/memx/models/{model_id}/release", OWN_METRICS_PATH, *panel.register(routes)]

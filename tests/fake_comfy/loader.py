@@ -1,15 +1,19 @@
 """Import a fake ComfyUI shape as if its directory were the ComfyUI root, and build simulated models.
 
-Each shape (``v0_3_64``, ``v0_27_0``) is a directory with the real top-level module names (``comfy``,
-``execution``, ``nodes``, ...), so two shapes cannot live in one process at the same time: every switch purges
-the previous one from ``sys.modules``.  Nothing here imports torch or comfy at import time.
+Each shape is a directory with the real top-level module names (``comfy``, ``execution``, ``nodes``, ...): 0.3.64
+is ``v0_3_64`` here, 0.27.0 is the demo's world that ships in comfy_memx (``comfy_memx/cli/demo_world``, taken from
+the comfy_memx this process imports, so a wheel install runs its own copy).  Two shapes cannot live in one process
+at the same time: every switch purges the previous one from ``sys.modules``.  Nothing here imports torch or comfy
+at import time.
 """
 import importlib
+import importlib.util
 import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SHAPES = {"0.3.64": os.path.join(HERE, "v0_3_64"), "0.27.0": os.path.join(HERE, "v0_27_0")}
+DEMO_WORLD = importlib.util.find_spec("comfy_memx.cli.demo_world").submodule_search_locations[0]
+SHAPES = {"0.3.64": os.path.join(HERE, "v0_3_64"), "0.27.0": os.path.abspath(DEMO_WORLD)}
 PACKS_DIR = os.path.join(HERE, "packs")
 _TOP_LEVEL = ("comfy", "comfy_execution", "execution", "nodes", "comfyui_version", "main", "folder_paths",
               "hook_breaker_ac10a0", "server")
@@ -21,12 +25,14 @@ def shape_root(version):
 
 
 def purge_fake_comfy():
-    """Forget every module of every shape (and custom-node packs they loaded) so the next import is fresh."""
-    roots = tuple(SHAPES.values()) + (PACKS_DIR,)
+    """Forget every module of every shape (and custom-node packs they loaded) so the next import is fresh.
+
+    comfy_memx's own modules stay, though the 0.27.0 shape's folder is a package of comfy_memx too."""
+    roots = tuple(os.path.join(root, "") for root in SHAPES.values()) + (os.path.join(PACKS_DIR, ""),)
     for name, module in list(sys.modules.items()):
         top = name.split(".", 1)[0]
         path = getattr(module, "__file__", None) or ""
-        if top in _TOP_LEVEL or os.path.abspath(path).startswith(roots):
+        if top in _TOP_LEVEL or (top != "comfy_memx" and os.path.abspath(path).startswith(roots)):
             del sys.modules[name]
     sys.path[:] = [p for p in sys.path if p not in SHAPES.values()]
 

@@ -9,15 +9,14 @@ import re
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from fake_comfy import shape_root
 from memx_helpers import bench_env
 
-ROOT = Path(__file__).resolve().parents[2]
 CASES = ("load", "offload", "overhead", "leak", "pins", "features")
-STAND_IN_TREE = ROOT / "tests" / "fake_comfy" / "v0_27_0"
+STAND_IN_TREE = shape_root("0.27.0")
 # record() keeps 4 significant digits (values < 1) or 4 decimals: at most this relative error, and nothing more
 ROUNDING = 5.001e-4
 

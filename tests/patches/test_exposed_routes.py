@@ -14,7 +14,8 @@ from urllib.parse import quote
 import pytest
 
 from comfy_memx.core.state import STATE
-from comfy_memx.surface import access, gate, readmodel, routes
+from comfy_memx.routekit import access
+from comfy_memx.surface import gate, readmodel, routes
 from memx_helpers import mode_of, umask
 from test_routes import leaky, serve
 
@@ -298,7 +299,7 @@ def test_a_handoff_body_split_across_segments_is_read_whole(tmp_path, monkeypatc
 
 
 def test_an_over_limit_body_sent_in_small_chunks_gets_413(tmp_path):
-    from comfy_memx.surface import bodies
+    from comfy_memx.routekit import bodies
     pad = b" " * (bodies.MAX_BODY_BYTES // 2)
 
     async def scenario(comfy):
@@ -314,7 +315,7 @@ def test_an_over_limit_body_sent_in_small_chunks_gets_413(tmp_path):
 
 
 def test_a_body_that_never_arrives_whole_gets_408(tmp_path, monkeypatch):
-    from comfy_memx.surface import bodies
+    from comfy_memx.routekit import bodies
     monkeypatch.setattr(bodies, "READ_TIMEOUT_S", 0.2)
 
     async def scenario(comfy):
@@ -405,7 +406,7 @@ def test_body_numbers_are_ascii_json_numbers_bounded_or_400(tmp_path, monkeypatc
 
 def test_body_numbers_are_ascii_even_with_the_pure_python_json_scanner(monkeypatch):
     import json.scanner
-    from comfy_memx.surface import bodies
+    from comfy_memx.routekit import bodies
     fields = {"bytes": bodies.Field("int", 0, 2 ** 62)}
     monkeypatch.setattr(json.scanner, "make_scanner", json.scanner.py_make_scanner)   # its \d matches any digit
     assert bodies.parse_object(b'{"bytes": 12}', fields) == {"bytes": 12}
@@ -559,7 +560,7 @@ def test_the_token_is_never_shown_and_a_short_one_is_refused():
 
 
 def test_depth_skips_brackets_inside_strings():
-    from comfy_memx.surface import bodies
+    from comfy_memx.routekit import bodies
     assert bodies.depth(b'{"a": "[[[[[[[[[[[[\\"[[[["}') == 1
     assert bodies.depth(b'[[["]"]]]') == 3
     with pytest.raises(bodies.BadBody):

@@ -12,6 +12,7 @@ import weakref
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from comfy_memx.routekit import replies
 from comfy_memx.surface import freeing
 from comfy_memx.surface import metrics
 from comfy_memx.surface import readmodel, routes
@@ -466,7 +467,7 @@ def test_clip_cuts_strings_and_never_reprs_objects():
         def __repr__(self):
             raise AssertionError("repr called")
 
-    clipped = readmodel.clip({"k" * 400: ["v" * 400, Loud(), 1.5, float("inf"), None, True, (1, 2)]}, limit=10)
+    clipped = replies.clip({"k" * 400: ["v" * 400, Loud(), 1.5, float("inf"), None, True, (1, 2)]}, limit=10)
     [(key, value)] = clipped.items()
     assert key == "k" * 9 + "\u2026" and value == ["v" * 9 + "\u2026", "<Loud>", 1.5, None, None, True, [1, 2]]
 

@@ -14,19 +14,22 @@ import pytest
 import torch
 
 import comfy_memx
-from fake_comfy.loader import make_patcher
+from fake_comfy.loader import make_patcher, shape_root
 from memx_helpers import memx_on
 
 VERSIONS = ["0.3.64", "0.27.0"]
 OURS = (os.path.dirname(os.path.abspath(comfy_memx.__file__)),
         os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(comfy_memx.__file__))), "patches"))
+# the 0.27.0 stand-in ships inside comfy_memx (the demo's world) but plays ComfyUI: its frames are not ours
+COMFYUI = os.path.realpath(shape_root("0.27.0")) + os.sep
 
 
 def our_frames(traceback):
     frames = []
     while traceback is not None:
         filename = os.path.realpath(traceback.tb_frame.f_code.co_filename)
-        if any(filename.startswith(os.path.realpath(root) + os.sep) for root in OURS):
+        if not filename.startswith(COMFYUI) and any(filename.startswith(os.path.realpath(root) + os.sep)
+                                                    for root in OURS):
             frames.append(traceback.tb_frame)
         traceback = traceback.tb_next
     return frames

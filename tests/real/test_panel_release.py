@@ -6,7 +6,8 @@ comfy_memx's routes answered by Playwright: every answer of ``POST /memx/models/
 hard to lead into (a survivor, the cache changed, in use, not releasable, refused) must read right, and the button
 must wait for its answer.  Needs Chromium only, no ComfyUI.
 
-Then real ComfyUI with ``COMFY_MEMX_RELEASE=ask``, on every tree and install kind the panel is tested on: the
+Then real ComfyUI with ``COMFY_MEMX_RELEASE=ask``, on the newest tree named, installed as a node pack (the button is
+the same page code on every tree and install kind; ``test_panel_browser.py`` shows that page on each of them): the
 innocent ``memx_utility_belt`` loads two models, ``memx_style_mixer`` keeps one in a class-level dict,
 ``memx_hook_hub`` the other in a callback's closure.  Chromium opens ComfyUI's Memory tab: the class cache has a
 Release button, the callback registry has none and says why; a click cuts the dict entry, the panel shows the
@@ -368,9 +369,15 @@ def release_session(tmp_path_factory, memx_importable_by_real_python, chromium):
     return get
 
 
+def release_cases():
+    """``(tree, kind)`` of the release session: the node pack on the newest tree named (one session is about two
+    minutes of CI; the panel's page is the same on every tree and install kind, which test_panel_browser covers)."""
+    return [case for case in browser_cases() if case.id.endswith("node_pack")][-1:]
+
+
 def release_test(test):
-    """Chromium and real ComfyUI needed, one case per tree and install kind of the panel's browser tests."""
-    for mark in (pytest.mark.parametrize(("tree", "kind"), browser_cases()), needs_real_comfyui, needs_chromium):
+    """Chromium and real ComfyUI needed, one release session (see :func:`release_cases`)."""
+    for mark in (pytest.mark.parametrize(("tree", "kind"), release_cases()), needs_real_comfyui, needs_chromium):
         test = mark(test)
     return test
 

@@ -3,13 +3,12 @@
 import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from fake_comfy import shape_root
 from memx_helpers import bench_env
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def load():
@@ -19,8 +18,8 @@ def load():
 @pytest.mark.parametrize("args, message", [
     ([], "--comfyui"),
     (["--comfyui", "/nonexistent"], "no main.py there"),
-    (["--comfyui", str(ROOT / "tests" / "fake_comfy" / "v0_27_0"), "--rounds", "0"], "--rounds"),
-    (["--comfyui", str(ROOT / "tests" / "fake_comfy" / "v0_27_0"), "--checkpoint", "/nonexistent.safetensors"],
+    (["--comfyui", shape_root("0.27.0"), "--rounds", "0"], "--rounds"),
+    (["--comfyui", shape_root("0.27.0"), "--checkpoint", "/nonexistent.safetensors"],
      "no such file"),
 ])
 def test_bad_arguments_exit_2_naming_the_option(args, message):

@@ -1,11 +1,11 @@
-"""A small ComfyUI-shaped world for ``python -m comfy_memx demo``: no ComfyUI, no GPU needed.
+"""The ComfyUI 0.27.0 stand-in: a small ComfyUI-shaped tree for ``python -m comfy_memx demo``, no ComfyUI or GPU.
 
-The demo puts this folder first on ``sys.path`` so that comfy_memx's patches find the module names they wrap
-(``comfy.model_management``, ``execution``) exactly as in ComfyUI.  The world is the ComfyUI 0.27.0 stand-in that
-the tests run too: every module here runs its source from ``standin/`` (the one source of the stand-ins, shared with
-``tests/fake_comfy``), and ``nodes.py`` and ``execution.py`` add what the demo needs on top (a synchronous pack
-loader, an executor without a server, the demo prompt's input names).  The "GPU" is simulated: a load moves no
-bytes, it only counts them against ``comfy.model_management.SIM_VRAM_TOTAL``.  Written by the comfy_memx authors
-from ComfyUI's published behaviour; it contains no ComfyUI code.  It is not used by comfy_memx itself, only by the
-demo and the tests.
+This folder is a ComfyUI root (``comfy/``, ``comfy_execution/``, ``execution.py``, ``nodes.py``, ``main.py``,
+``server.py``, ...), every module a plain file of its own.  The demo puts the folder first on ``sys.path`` so that
+comfy_memx's patches find the module names they wrap exactly as in ComfyUI; the tests run it as their ComfyUI 0.27.0
+shape (``tests/fake_comfy``, beside the 0.3.64 tree) and the benches start it as a server.  ``packs/`` holds the
+demo's custom-node pack, copied under a ``custom_nodes`` folder before it loads.  The "GPU" is simulated: a load
+moves no bytes to a device, it only counts them against ``comfy.model_management.SIM_VRAM_TOTAL``.  Written by the
+comfy_memx authors from ComfyUI's published behaviour; it contains no ComfyUI code.  comfy_memx itself never imports
+it; only the demo, the tests and the benches do.
 """

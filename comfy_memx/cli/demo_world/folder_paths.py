@@ -1,5 +1,24 @@
-"""The demo's world (the ComfyUI 0.27.0 stand-in), ``folder_paths.py``: its source is
-comfy_memx/cli/demo_world/standin/v0_27_0/folder_paths.py."""
-from comfy_memx.cli.demo_world.standin import extend
+"""Stand-in for ``folder_paths.py``: where custom node packs are looked up (stdlib only, imports cli_args like
+the real one).  Simulation knob: ``FAKE_COMFY_CUSTOM_NODE_DIRS`` (os.pathsep-separated) adds directories of node
+packs, so subprocess tests can load packs such as tests/fake_comfy/packs without copying them."""
+import os
 
-extend(globals(), "v0_27_0/folder_paths")
+from comfy.cli_args import args  # noqa: F401  (the real module reads paths from args)
+
+base_path = os.path.dirname(os.path.realpath(__file__))
+folder_names_and_paths = {"custom_nodes": ([os.path.join(base_path, "custom_nodes")], set())}
+for _extra in os.environ.get("FAKE_COMFY_CUSTOM_NODE_DIRS", "").split(os.pathsep):
+    if _extra:
+        folder_names_and_paths["custom_nodes"][0].append(os.path.abspath(_extra))
+
+
+def get_folder_paths(folder_name):
+    """A copy of the directories registered for ``folder_name``."""
+    return folder_names_and_paths[folder_name][0][:]
+
+
+def add_model_folder_path(folder_name, full_folder_path, is_default=False):
+    """Register another directory for ``folder_name`` (first when ``is_default``)."""
+    paths = folder_names_and_paths.setdefault(folder_name, ([], set()))[0]
+    if full_folder_path not in paths:
+        paths.insert(0, full_folder_path) if is_default else paths.append(full_folder_path)

@@ -1,5 +1,1 @@
-"""The demo's world (the ComfyUI 0.27.0 stand-in), ``comfy/__init__.py``: its source is
-comfy_memx/cli/demo_world/standin/v0_27_0/comfy/__init__.py."""
-from comfy_memx.cli.demo_world.standin import extend
-
-extend(globals(), "v0_27_0/comfy/__init__")
+"""Stand-in for the ``comfy`` package of a ComfyUI tree (see tests/fake_comfy/README.md)."""

@@ -1,5 +1,68 @@
-"""The demo's world (the ComfyUI 0.27.0 stand-in), ``comfy/cli_args.py``: its source is
-comfy_memx/cli/demo_world/standin/v0_27_0/comfy/cli_args.py."""
-from comfy_memx.cli.demo_world.standin import extend
+"""Stand-in for ComfyUI 0.27.0 ``comfy/cli_args.py`` (only the flags the memory code and main.py use).
 
-extend(globals(), "v0_27_0/comfy/cli_args")
+Like the real module, ``sys.argv`` is parsed once, at first import, and only when
+``comfy.options.args_parsing`` is already True; otherwise ``args`` holds the defaults for good.
+Unknown options make argparse exit with status 2.
+"""
+
+import argparse
+
+import comfy.options
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--listen", type=str, default="127.0.0.1", metavar="IP", nargs="?", const="0.0.0.0,::")
+parser.add_argument("--port", type=int, default=8188)
+
+cache_group = parser.add_mutually_exclusive_group()
+cache_group.add_argument("--cache-classic", action="store_true")
+cache_group.add_argument("--cache-lru", type=int, default=0)
+cache_group.add_argument("--cache-none", action="store_true")
+
+vram_group = parser.add_mutually_exclusive_group()
+vram_group.add_argument("--gpu-only", action="store_true")
+vram_group.add_argument("--highvram", action="store_true")
+vram_group.add_argument("--lowvram", action="store_true")
+vram_group.add_argument("--novram", action="store_true")
+vram_group.add_argument("--cpu", action="store_true")
+
+parser.add_argument("--reserve-vram", type=float, default=None)
+parser.add_argument("--disable-smart-memory", action="store_true")
+parser.add_argument("--mmap-torch-files", action="store_true")
+parser.add_argument("--disable-mmap", action="store_true")
+parser.add_argument("--quick-test-for-ci", action="store_true")
+parser.add_argument("--disable-all-custom-nodes", action="store_true")
+parser.add_argument("--whitelist-custom-nodes", type=str, nargs="+", default=[])
+parser.add_argument("--disable-api-nodes", action="store_true")
+parser.add_argument("--verbose", default="INFO", const="DEBUG", nargs="?",
+                    choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"])
+parser.add_argument("--log-stdout", action="store_true")
+
+
+
+def parse():
+    """``sys.argv`` parsed when ``comfy.options.args_parsing`` is True, else the defaults (as the real module)."""
+    if comfy.options.args_parsing:
+        return parser.parse_args()
+    return parser.parse_args([])
+
+cache_group.add_argument("--cache-ram", nargs="*", type=float, default=[], metavar="GB")
+cache_group.add_argument("--high-ram", action="store_true")
+parser.add_argument("--disable-dynamic-vram", action="store_true")
+parser.add_argument("--enable-dynamic-vram", action="store_true")
+parser.add_argument("--fast-disk", action="store_true")
+parser.add_argument("--disable-pinned-memory", action="store_true")
+
+args = parse()
+
+if args.cache_ram is not None and len(args.cache_ram) > 2:
+    parser.error("--cache-ram accepts at most two values: active GB and inactive GB")
+
+if args.high_ram:
+    args.cache_classic = True
+
+
+def enables_dynamic_vram():
+    """Whether DynamicVRAM would be tried (it never initialises in this stand-in: there is no comfy-aimdo)."""
+    if args.enable_dynamic_vram:
+        return True
+    return not (args.disable_dynamic_vram or args.highvram or args.gpu_only or args.novram or args.cpu)

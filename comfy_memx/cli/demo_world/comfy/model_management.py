@@ -1,5 +1,731 @@
-"""The demo's world (the ComfyUI 0.27.0 stand-in), ``comfy/model_management.py``: its source is
-comfy_memx/cli/demo_world/standin/v0_27_0/comfy/model_management.py."""
-from comfy_memx.cli.demo_world.standin import extend
+"""Stand-in for ComfyUI 0.27.0 ``comfy/model_management.py`` (memory API only; test double, no ComfyUI code).
 
-extend(globals(), "v0_27_0/comfy/model_management")
+Public names, signatures, globals, log texts and the eviction/leak semantics follow the real module
+(reference sections 2-8 and 14; see tests/fake_comfy/README.md).  Everything else is simulated:
+
+* The GPU is a label, ``SIM_GPU`` (``cuda:0``).  Its capacity is ``SIM_VRAM_TOTAL`` bytes and its use is the
+  loaded bytes of every torch module resident on it (``SIM_RESIDENT``), so shrinking ``SIM_VRAM_TOTAL`` creates
+  memory pressure.  :func:`set_sim_device` switches between that GPU and a ``--cpu`` shape.
+* ``cudaHostRegister``/``cudaHostUnregister`` go to :data:`HOST_REGISTER`, a replaceable backend that logs calls.
+* ``SIM_RAM_AVAILABLE`` (bytes) overrides psutil's available RAM when not None.
+"""
+
+import gc
+import logging
+import platform
+import sys
+import threading
+import weakref
+from enum import Enum
+
+import psutil
+import torch
+from comfy.cli_args import args
+
+
+class VRAMState(Enum):
+    DISABLED = 0
+    NO_VRAM = 1
+    LOW_VRAM = 2
+    NORMAL_VRAM = 3
+    HIGH_VRAM = 4
+    SHARED = 5
+
+
+class CPUState(Enum):
+    GPU = 0
+    CPU = 1
+    MPS = 2
+
+
+SIM_GPU = torch.device("cuda", 0)
+SIM_VRAM_TOTAL = 8 * 1024 ** 3
+SIM_RAM_AVAILABLE = None
+SIM_RESIDENT = weakref.WeakSet()
+SIM_EMPTY_CACHE_CALLS = 0
+
+cpu_state = CPUState.CPU if args.cpu else CPUState.GPU
+lowvram_available = True
+directml_enabled = False
+
+
+def _vram_state_for(state):
+    if state != CPUState.GPU:
+        return VRAMState.DISABLED
+    if args.highvram or args.gpu_only:
+        return VRAMState.HIGH_VRAM
+    if args.lowvram:
+        return VRAMState.LOW_VRAM
+    if args.novram:
+        return VRAMState.NO_VRAM
+    return VRAMState.NORMAL_VRAM
+
+
+vram_state = _vram_state_for(cpu_state)
+set_vram_to = vram_state
+
+
+def is_nvidia():
+    """The simulated GPU counts as an Nvidia card (so pinning and MIN_WEIGHT_MEMORY_RATIO behave as on one)."""
+    return cpu_state == CPUState.GPU
+
+
+def is_amd():
+    return False
+
+
+def cpu_mode():
+    return cpu_state == CPUState.CPU
+
+
+def is_device_type(device, type):
+    return getattr(device, "type", None) == type
+
+
+def is_device_cpu(device):
+    return is_device_type(device, "cpu")
+
+
+def is_device_cuda(device):
+    return is_device_type(device, "cuda")
+
+
+def get_torch_device():
+    """The simulated ``cuda:0`` label, or ``cpu`` in the CPU shape."""
+    return torch.device("cpu") if cpu_state == CPUState.CPU else SIM_GPU
+
+
+def get_torch_device_name(device):
+    if is_device_cuda(device):
+        return "{} {} : {}".format(device, "Simulated GPU (fake_comfy)", "native")
+    return "{}".format(device.type)
+
+
+def _sim_vram_used(dev):
+    return sum(m.model_loaded_weight_memory for m in list(SIM_RESIDENT) if getattr(m, "device", None) == dev)
+
+
+def _ram_available():
+    return psutil.virtual_memory().available if SIM_RAM_AVAILABLE is None else SIM_RAM_AVAILABLE
+
+
+def get_total_memory(dev=None, torch_total_too=False):
+    """Total bytes of ``dev``: psutil RAM for cpu/mps, ``SIM_VRAM_TOTAL`` for the simulated GPU."""
+    if dev is None:
+        dev = get_torch_device()
+    if getattr(dev, "type", None) in ("cpu", "mps"):
+        mem_total = mem_total_torch = psutil.virtual_memory().total
+    else:
+        mem_total, mem_total_torch = SIM_VRAM_TOTAL, _sim_vram_used(dev)
+    return (mem_total, mem_total_torch) if torch_total_too else mem_total
+
+
+def get_free_memory(dev=None, torch_free_too=False):
+    """Free bytes of ``dev``: available RAM for cpu/mps; for the GPU its total minus the resident weights."""
+    if dev is None:
+        dev = get_torch_device()
+    if getattr(dev, "type", None) in ("cpu", "mps"):
+        mem_free_total = mem_free_torch = _ram_available()
+    else:
+        mem_free_total, mem_free_torch = max(0, SIM_VRAM_TOTAL - _sim_vram_used(dev)), 0
+    return (mem_free_total, mem_free_torch) if torch_free_too else mem_free_total
+
+
+total_vram = get_total_memory(get_torch_device()) / (1024 * 1024)
+total_ram = psutil.virtual_memory().total / (1024 * 1024)
+logging.info("Total VRAM {:0.0f} MB, total RAM {:0.0f} MB".format(total_vram, total_ram))
+logging.info("pytorch version: {}".format(torch.version.__version__))
+
+OOM_EXCEPTION = torch.cuda.OutOfMemoryError
+
+
+MIN_WEIGHT_MEMORY_RATIO = 0.0 if is_nvidia() else 0.4
+
+logging.info(f"Set vram state to: {vram_state.name}")
+
+DISABLE_SMART_MEMORY = args.disable_smart_memory
+if DISABLE_SMART_MEMORY:
+    logging.info("Disabling smart memory management")
+
+logging.info("Device: {}".format(get_torch_device_name(get_torch_device())))
+
+current_loaded_models = []
+
+
+class _SharedLoadedModel:
+    """What ``LoadedModel`` is in every stand-in version (each version's class adds the rest)."""
+
+    def __init__(self, model):
+        self._set_model(model)
+        self.device = model.load_device
+        self.real_model = None
+        self.currently_used = True
+        self.model_finalizer = None
+        # COMFY: reset after _set_model in the real class too; a clone's finalizer stays registered anyway.
+        self._patcher_finalizer = None
+
+    @property
+    def model(self):
+        """The ModelPatcher, or None once it was collected."""
+        return self._model()
+
+    def model_memory(self):
+        """Bytes of all weights of the model."""
+        return self.model.model_size()
+
+    def model_loaded_memory(self):
+        """Bytes of weights currently on the load device."""
+        return self.model.loaded_size()
+
+    def model_offloaded_memory(self):
+        """Bytes of weights not on the load device."""
+        patcher = self.model
+        return patcher.model_size() - patcher.loaded_size()
+
+    def model_memory_required(self, device):
+        """Bytes still to move to ``device``: the offloaded part if the model already lives there."""
+        if self.model.current_loaded_device() == device:
+            return self.model_offloaded_memory()
+        return self.model_memory()
+
+    def model_unload(self, memory_to_free=None, unpatch_weights=True):
+        """False if a partial unload freed ``memory_to_free``; otherwise detach fully and return True."""
+        patcher = self.model
+        if memory_to_free is not None and memory_to_free < patcher.loaded_size():
+            if patcher.partially_unload(patcher.offload_device, memory_to_free) >= memory_to_free:
+                return False
+        patcher.detach(unpatch_weights)
+        self.model_finalizer.detach()
+        self.model_finalizer = None
+        self.real_model = None
+        return True
+
+    def model_use_more_vram(self, extra_memory, force_patch_weights=False):
+        """Load ``extra_memory`` more bytes of weights; returns what the patcher loaded."""
+        return self.model.partially_load(self.device, extra_memory, force_patch_weights=force_patch_weights)
+
+    def __eq__(self, other):
+        return self.model is other.model
+
+    def __del__(self):
+        if self._patcher_finalizer is not None:
+            self._patcher_finalizer.detach()
+
+    def is_dead(self):
+        """Torch module still alive while its ModelPatcher is gone (TypeError on a never-loaded entry)."""
+        return self.real_model() is not None and self.model is None
+
+    def _set_model(self, model):
+        self._model = weakref.ref(model)
+        if model.parent is None:
+            return
+        self._parent_model = weakref.ref(model.parent)
+        self._patcher_finalizer = weakref.finalize(model, self._switch_parent)
+        self._patcher_finalizer.atexit = self.FINALIZERS_AT_EXIT
+
+    def _switch_parent(self):
+        parent = self._parent_model()
+        if parent is not None:
+            self._set_model(parent)
+            if self.SWITCH_TAKES_PARENT_DEVICE:
+                self.device = parent.load_device
+
+    def model_load(self, lowvram_model_memory=0, force_patch_weights=False):
+        """Load up to ``lowvram_model_memory`` bytes (0 = everything), then watch the torch module."""
+        patcher = self.model
+        patcher.model_patches_to(self.device)
+        patcher.model_patches_to(patcher.model_dtype())
+        budget = 1e32 if lowvram_model_memory == 0 else lowvram_model_memory
+        self.model_use_more_vram(budget, force_patch_weights=force_patch_weights)
+        module = patcher.model
+        self.real_model = weakref.ref(module)
+        self.model_finalizer = weakref.finalize(module, cleanup_models)
+        self.model_finalizer.atexit = self.FINALIZERS_AT_EXIT
+        return module
+
+DIRTY_MMAPS = set()
+PIN_PRESSURE_HYSTERESIS = 256 * 1024 * 1024
+REGISTERABLE_PIN_HYSTERESIS = 2048 * 1024 * 1024
+
+
+
+WINDOWS = any(platform.win32_ver())
+
+EXTRA_RESERVED_VRAM = 400 * 1024 * 1024
+if WINDOWS:
+    EXTRA_RESERVED_VRAM = 600 * 1024 * 1024
+    if total_vram > (15 * 1024):
+        EXTRA_RESERVED_VRAM += 100 * 1024 * 1024
+if args.reserve_vram is not None:
+    EXTRA_RESERVED_VRAM = args.reserve_vram * 1024 * 1024 * 1024
+    logging.debug("Reserving {}MB vram for other applications.".format(EXTRA_RESERVED_VRAM / (1024 * 1024)))
+
+
+def extra_reserved_memory():
+    """VRAM kept free for other programs (EXTRA_RESERVED_VRAM bytes)."""
+    return EXTRA_RESERVED_VRAM
+
+
+def minimum_inference_memory():
+    """VRAM a sampling step needs besides the weights: 0.8 GiB plus the reserve."""
+    return (1024 * 1024 * 1024) * 0.8 + extra_reserved_memory()
+
+
+def load_model_gpu(model):
+    """Shorthand for ``load_models_gpu([model])``."""
+    return load_models_gpu([model])
+
+
+def loaded_models(only_currently_used=False):
+    """The ModelPatchers of ``current_loaded_models`` (MRU first)."""
+    return [m.model for m in current_loaded_models if m.currently_used or not only_currently_used]
+
+
+def cleanup_models_gc():
+    """Warn about entries whose patcher is gone but whose torch module lives on (two-stage, with gc.collect)."""
+    suspect = next((entry for entry in current_loaded_models if entry.is_dead()), None)
+    if suspect is None:
+        return
+    logging.info("Potential memory leak detected with model {}, doing a full garbage collect, for maximum performance avoid circular references in the model code.".format(suspect.real_model().__class__.__name__))
+    del suspect
+    gc.collect()
+    soft_empty_cache()
+    for entry in current_loaded_models:
+        if entry.is_dead():
+            logging.warning("WARNING, memory leak with model {}. Please make sure it is not being referenced from somewhere.".format(entry.real_model().__class__.__name__))
+
+
+def cleanup_models():
+    """Drop entries whose torch module was collected (runs as the module's weakref finalizer)."""
+    current_loaded_models[:] = [entry for entry in current_loaded_models if entry.real_model() is not None]
+
+
+def unet_offload_device():
+    """Where diffusion models rest when unloaded: the GPU itself in HIGH_VRAM, else the CPU."""
+    return get_torch_device() if vram_state == VRAMState.HIGH_VRAM else torch.device("cpu")
+
+
+def debug_memory_summary():
+    """The CUDA allocator summary; empty for the simulated GPU."""
+    return ""
+
+
+class InterruptProcessingException(BaseException):
+    pass
+
+
+interrupt_processing_mutex = threading.RLock()
+interrupt_processing = False
+
+
+def interrupt_current_processing(value=True):
+    """Ask the running prompt to stop at the next node (``/interrupt``)."""
+    global interrupt_processing
+    with interrupt_processing_mutex:
+        interrupt_processing = value
+
+
+def processing_interrupted():
+    """Whether an interrupt is pending."""
+    with interrupt_processing_mutex:
+        return interrupt_processing
+
+
+def throw_exception_if_processing_interrupted():
+    """Raise InterruptProcessingException once for a pending interrupt."""
+    global interrupt_processing
+    with interrupt_processing_mutex:
+        if interrupt_processing:
+            interrupt_processing = False
+            raise InterruptProcessingException()
+
+
+def load_models_gpu(models, memory_required=0, force_patch_weights=False, minimum_memory_required=None, force_full_load=False):
+    """Make ``models`` resident on their load devices, evicting others as needed; returns None."""
+    cleanup_models_gc()
+
+    inference_memory = minimum_inference_memory()
+    extra_mem = max(inference_memory, memory_required + extra_reserved_memory())
+    if minimum_memory_required is None:
+        minimum_memory_required = extra_mem
+    else:
+        minimum_memory_required = max(inference_memory, minimum_memory_required + extra_reserved_memory())
+
+    wanted = _wanted_patchers(models)
+    free_options = _free_options(wanted)
+
+    entries = []
+    for patcher in wanted:
+        candidate = LoadedModel(patcher)
+        known = next((entry for entry in current_loaded_models if entry == candidate), None)
+        if known is not None:
+            known.currently_used = True
+            entries.append(known)
+            continue
+        if hasattr(patcher, "model"):
+            logging.info(f"Requested to load {patcher.model.__class__.__name__}")
+        entries.append(candidate)
+
+    for entry in entries:
+        # COMFY: entries sharing the torch module (the entry itself too) leave the list without model_unload;
+        # their weights stay where they are for the new entry to reuse.
+        shared = [i for i, other in enumerate(current_loaded_models) if entry.model.is_clone(other.model)]
+        for i in reversed(shared):
+            stale = current_loaded_models.pop(i)
+            stale.model.detach(unpatch_all=False)
+            stale.model_finalizer.detach()
+
+    needed, pins_needed = {}, {}
+    for entry in entries:
+        needed[entry.device] = needed.get(entry.device, 0) + entry.model_memory_required(entry.device)
+        pins_needed[entry.device] = pins_needed.get(entry.device, 0) + _pin_bytes(entry)
+    accelerators = [dev for dev in needed if dev != torch.device("cpu")]
+
+    for dev in accelerators:
+        free_memory(needed[dev] * 1.1 + extra_mem, dev, **free_options, **_pin_request(pins_needed.get(dev, 0)))
+    for dev in accelerators:
+        if get_free_memory(dev) < minimum_memory_required:
+            unloaded = free_memory(minimum_memory_required, dev, **free_options)
+            logging.info("{} models unloaded.".format(len(unloaded)))
+
+    for entry in entries:
+        entry.model_load(_weight_budget(entry, minimum_memory_required, force_full_load), force_patch_weights=force_patch_weights)
+        current_loaded_models.insert(0, entry)
+
+
+def _weight_budget(entry, minimum_memory_required, force_full_load):
+    """Bytes of weights ``entry`` may put on its device: 0 means all of them, 0.1 practically none."""
+    device = entry.model.load_device
+    state = VRAMState.DISABLED if is_device_cpu(device) else vram_state
+    if state == VRAMState.NO_VRAM:
+        return 0.1
+    if force_full_load or not lowvram_available or state not in (VRAMState.LOW_VRAM, VRAMState.NORMAL_VRAM):
+        return 0
+    resident = entry.model_loaded_memory()
+    usable = get_free_memory(device) + resident
+    return _budget_left(usable, minimum_memory_required, resident)
+
+
+def set_sim_device(kind, vram_total=None):
+    """Switch the simulation to ``"cuda"`` (the simulated GPU) or ``"cpu"`` (as with ``--cpu``).
+
+    Recomputes what real ComfyUI derives from the device at import: vram_state and total_vram (and what the version adds in
+    ``_after_sim_device``).
+    Call it before loading models; models already loaded keep their old device.
+    """
+    global cpu_state, vram_state, set_vram_to, total_vram, SIM_VRAM_TOTAL, MIN_WEIGHT_MEMORY_RATIO
+    if kind not in ("cpu", "cuda"):
+        raise ValueError("kind must be 'cpu' or 'cuda'")
+    if vram_total is not None:
+        SIM_VRAM_TOTAL = vram_total
+    cpu_state = CPUState.CPU if kind == "cpu" else CPUState.GPU
+    vram_state = set_vram_to = _vram_state_for(cpu_state)
+    total_vram = get_total_memory(get_torch_device()) / (1024 * 1024)
+    MIN_WEIGHT_MEMORY_RATIO = 0.0 if is_nvidia() else 0.4
+    _after_sim_device()
+
+import comfy.memory_management
+
+
+class SimHostRegister:
+    """Replaceable stand-in for cudaHostRegister/cudaHostUnregister; ``calls`` records every call in order."""
+
+    def __init__(self):
+        self.calls = []
+        self.registered = {}
+        self.fail = False
+
+    def register(self, ptr, size):
+        """Register ``size`` bytes at ``ptr``; False when ``fail`` is set or ``ptr`` is already registered."""
+        self.calls.append(("register", ptr, size))
+        if self.fail or ptr in self.registered:
+            return False
+        self.registered[ptr] = size
+        return True
+
+    def unregister(self, ptr):
+        """Unregister ``ptr``; False when it was not registered."""
+        self.calls.append(("unregister", ptr))
+        return self.registered.pop(ptr, None) is not None
+HOST_REGISTER = SimHostRegister()
+
+
+def get_all_torch_devices(exclude_current=False):
+    """Every device of the current state (one here), optionally without the current one."""
+    devices = [get_torch_device()]
+    if exclude_current:
+        devices.remove(get_torch_device())
+    return devices
+ACCELERATOR_ERROR = getattr(torch, "AcceleratorError", RuntimeError)
+
+
+def discard_cuda_async_error():
+    """Nothing to discard: the simulated GPU raises no asynchronous errors."""
+
+
+def is_oom(e):
+    """True for an out-of-memory exception, as ComfyUI 0.27.0 recognises them."""
+    if isinstance(e, OOM_EXCEPTION):
+        return True
+    if isinstance(e, ACCELERATOR_ERROR) and (getattr(e, "error_code", None) == 2 or "out of memory" in str(e).lower()):
+        discard_cuda_async_error()
+        return True
+    return False
+
+
+class LoadedModel(_SharedLoadedModel):
+    """One entry of ``current_loaded_models``: weak references to a ModelPatcher and, once loaded, its module."""
+
+    FINALIZERS_AT_EXIT = False
+    SWITCH_TAKES_PARENT_DEVICE = True   # a clone's entry moves to its parent's device
+
+
+
+def module_size(module):
+    """Bytes of every tensor in ``module``'s state dict."""
+    return sum(t.nbytes for t in module.state_dict().values())
+
+
+def free_pins(size, evict_active=False):
+    """Free up to ``size`` bytes of DynamicVRAM pins, LRU first; returns bytes freed (0: no dynamic models here)."""
+    freed = 0
+    for entry in reversed(current_loaded_models):
+        if freed >= size:
+            break
+        patcher = entry.model
+        if patcher is None or not patcher.is_dynamic():
+            continue
+        if evict_active or not patcher.model.dynamic_pins[patcher.load_device]["active"]:
+            freed += patcher.partially_unload_ram(size - freed)
+    return freed
+
+
+def ensure_pin_budget(size, evict_active=False):
+    """True when ``size`` more bytes may be pinned without squeezing RAM, freeing pins when short."""
+    if args.high_ram:
+        return True
+    if args.fast_disk:
+        shortfall = TOTAL_PINNED_MEMORY + size - MAX_PINNED_MEMORY
+    else:
+        reserve = max(comfy.memory_management.RAM_CACHE_HEADROOM / 2, 2048 * 1024 ** 2)
+        shortfall = size + reserve - _ram_available()
+    if shortfall <= 0:
+        return True
+    return free_pins(shortfall + PIN_PRESSURE_HYSTERESIS, evict_active=evict_active) >= shortfall
+
+
+def free_registrations(shortfall, evict_active=True):
+    """Unregister dynamic pins until ``shortfall`` (+ hysteresis) is covered; False when pinning is off."""
+    if MAX_PINNED_MEMORY <= 0:
+        return False
+    if shortfall <= 0:
+        return True
+    # COMFY: overshoot, since every unregistration costs a GPU sync; inactive models LRU first, then active MRU first.
+    remaining = shortfall + REGISTERABLE_PIN_HYSTERESIS
+    order = [(entry, False) for entry in reversed(current_loaded_models)]
+    if evict_active:
+        order += [(entry, True) for entry in current_loaded_models]
+    for entry, active in order:
+        patcher = entry.model
+        if patcher is None or not patcher.is_dynamic():
+            continue
+        if patcher.model.dynamic_pins[patcher.load_device]["active"] == active:
+            remaining -= patcher.unregister_inactive_pins(remaining)
+            if remaining <= 0:
+                return True
+    return remaining <= REGISTERABLE_PIN_HYSTERESIS
+
+
+def ensure_pin_registerable(size, evict_active=True):
+    """Make room under MAX_PINNED_MEMORY for ``size`` more registered bytes."""
+    return free_registrations(TOTAL_PINNED_MEMORY + size - MAX_PINNED_MEMORY, evict_active=evict_active)
+
+
+def free_memory(memory_required, device, keep_loaded=[], for_dynamic=False, pins_required=0, ram_required=0):
+    """Unload models from ``device`` (None: all) until ``memory_required`` is free; returns popped entries.
+
+    Victims are tried in ``sorted()`` order of (-offloaded bytes, patcher refcount, size, index).
+    """
+    cleanup_models_gc()
+    fully_unloaded = []
+    for *_, index in sorted(_unload_candidates(device, keep_loaded)):
+        entry = current_loaded_models[index]
+        to_free = 1e32
+        if device is None or not DISABLE_SMART_MEMORY:
+            to_free = 0 if device is None else memory_required - get_free_memory(device)
+            if entry.model.is_dynamic() and for_dynamic:
+                # COMFY: dynamic models hand VRAM back on demand; only count what they hold.
+                memory_required -= entry.model.loaded_size()
+                to_free = 0
+        if to_free > 0 and entry.model_unload(to_free):
+            logging.debug(f"Unloading {entry.model.model.__class__.__name__}")
+            fully_unloaded.append(index)
+
+    popped = [current_loaded_models.pop(index) for index in sorted(fully_unloaded, reverse=True)]
+
+    if pins_required > 0 and not for_dynamic:
+        ensure_pin_budget(pins_required)
+        ensure_pin_registerable(pins_required)
+
+    _empty_cache_after_free(device, popped)
+    return popped
+
+
+def _unload_candidates(device, keep_loaded):
+    """The sort keys of ``free_memory``'s victims on ``device`` (None: all), each marked as no longer in use."""
+    candidates = []
+    for index in reversed(range(len(current_loaded_models))):
+        entry = current_loaded_models[index]
+        if (device is None or entry.device == device) and entry not in keep_loaded and not entry.is_dead():
+            candidates.append((-entry.model_offloaded_memory(), sys.getrefcount(entry.model), entry.model_memory(), index))
+            entry.currently_used = False
+    return candidates
+
+
+def _empty_cache_after_free(device, popped):
+    """``soft_empty_cache()`` when models were popped, or when torch's cache holds over a quarter of the free VRAM."""
+    if popped:
+        soft_empty_cache()
+    elif device is not None and vram_state != VRAMState.HIGH_VRAM:
+        free_total, free_torch = get_free_memory(device, torch_free_too=True)
+        if free_torch > free_total * 0.25:
+            soft_empty_cache()
+
+
+def _wanted_patchers(models):
+    """The patchers and the extra models their patches need, first-seen order kept, then reversed."""
+    wanted = list(dict.fromkeys(p for m in models for p in (m, *m.model_patches_models())))
+    wanted.reverse()
+    return wanted
+
+
+def _free_options(wanted):
+    return {"for_dynamic": all(p.is_dynamic() for p in wanted)}
+
+
+def _pin_bytes(entry):
+    """The pinned host memory ``entry`` will need (dynamic models pin nothing up front)."""
+    return 0 if entry.model.is_dynamic() else entry.model_memory()
+
+
+def _pin_request(pin_bytes):
+    return {"pins_required": pin_bytes}
+
+
+def _budget_left(usable, minimum_memory_required, resident):
+    budget = max(0, usable - minimum_memory_required,
+                 min(usable * MIN_WEIGHT_MEMORY_RATIO, usable - minimum_inference_memory())) - resident
+    return 0.1 if budget == 0 else budget
+
+
+def cast_to(weight, dtype=None, device=None, non_blocking=False, copy=False, stream=None, r=None):
+    """Cast/move a tensor (trivial here; hook_breaker_ac10a0 restores this attribute after custom nodes load)."""
+    return weight.to(device=device, dtype=dtype, non_blocking=non_blocking, copy=copy)
+
+
+PINNED_MEMORY = {}
+TOTAL_PINNED_MEMORY = 0
+MAX_PINNED_MEMORY = -1
+
+
+def _pin_cap():
+    if args.disable_pinned_memory or not (is_nvidia() or is_amd()):
+        return -1
+    ram = get_total_memory(torch.device("cpu"))
+    return ram * 0.40 if WINDOWS else ram * 0.90
+
+
+MAX_PINNED_MEMORY = _pin_cap()
+if MAX_PINNED_MEMORY > 0:
+    logging.info("Enabled pinned memory {}".format(MAX_PINNED_MEMORY // (1024 * 1024)))
+
+PINNING_ALLOWED_TYPES = set(["Tensor", "Parameter", "QuantizedTensor"])
+
+
+def pin_memory(tensor):
+    """Register a CPU tensor as pinned through HOST_REGISTER; True on success, False when refused or failed."""
+    global TOTAL_PINNED_MEMORY
+    if MAX_PINNED_MEMORY <= 0 or type(tensor).__name__ not in PINNING_ALLOWED_TYPES:
+        return False
+    # Already pinned (stands in for tensor.is_pinned()), not contiguous or not on the CPU: refuse.
+    if not is_device_cpu(tensor.device) or tensor.data_ptr() in PINNED_MEMORY or not tensor.is_contiguous():
+        return False
+    size = tensor.nbytes
+    comfy.memory_management.extra_ram_release(comfy.memory_management.RAM_CACHE_HEADROOM)
+    ensure_pin_registerable(size)
+    address = tensor.data_ptr()
+    if address == 0:
+        return False
+    if not HOST_REGISTER.register(address, size):
+        logging.warning("Pin error.")
+        discard_cuda_async_error()
+        return False
+    PINNED_MEMORY[address] = size
+    TOTAL_PINNED_MEMORY += size
+    return True
+
+
+def unpin_memory(tensor):
+    """Unregister a tensor pinned by :func:`pin_memory`; True on success."""
+    global TOTAL_PINNED_MEMORY
+    if MAX_PINNED_MEMORY <= 0 or not is_device_cpu(tensor.device):
+        return False
+    address = tensor.data_ptr()
+    if address not in PINNED_MEMORY:
+        logging.warning("Tried to unpin tensor not pinned by ComfyUI")
+        return False
+    if PINNED_MEMORY[address] != tensor.nbytes:
+        logging.warning("Size of pinned tensor changed")
+        return False
+    if not HOST_REGISTER.unregister(address):
+        logging.warning("Unpin error.")
+        discard_cuda_async_error()
+        return False
+    size = PINNED_MEMORY.pop(address)  # COMFY: popped into a local first, as ComfyUI does (one atomic step each)
+    TOTAL_PINNED_MEMORY -= size
+    return True
+
+
+def reset_cast_buffers():
+    """End of a node under DynamicVRAM: every dynamic loaded model becomes inactive and loses its ``patches`` pins.
+
+    The real one also syncs offload streams, bounces dirty mmaps, prunes pin buckets and recreates the patches host
+    buffer; here only the pin effect is modelled (the stand-in's own patchers are never dynamic, tests add some).
+    """
+    for entry in list(current_loaded_models):
+        patcher = entry.model
+        if patcher is None or not patcher.is_dynamic():
+            continue
+        patcher.model.dynamic_pins[patcher.load_device]["active"] = False
+        patcher.partially_unload_ram(1e30, subsets=["patches"])
+    soft_empty_cache()
+
+
+def soft_empty_cache(force=False):
+    """Release cached GPU memory (counted in SIM_EMPTY_CACHE_CALLS); nothing to do in CPU mode."""
+    global SIM_EMPTY_CACHE_CALLS
+    if cpu_mode():
+        return
+    SIM_EMPTY_CACHE_CALLS += 1
+
+
+def unload_all_models():
+    """Fully unload every model (the ``/free`` and OOM path)."""
+    for device in get_all_torch_devices():
+        free_memory(1e30, device)
+
+
+def unload_model_and_clones(model, unload_additional_models=True, all_devices=False):
+    """Unload ``model`` and every loaded clone of it (same clone_base_uuid), keeping everything else."""
+    family = {model.clone_base_uuid}
+    if unload_additional_models:
+        family |= {extra.clone_base_uuid for extra in model.get_nested_additional_models()}
+    keep_loaded = [entry for entry in list(current_loaded_models)
+                   if entry.model is None or entry.model.clone_base_uuid not in family]
+    for device in (get_all_torch_devices() if all_devices else [get_torch_device()]):
+        free_memory(1e30, device, keep_loaded)
+
+
+def _after_sim_device():
+    global MAX_PINNED_MEMORY
+    MAX_PINNED_MEMORY = _pin_cap()

@@ -1,5 +1,9 @@
-"""The demo's world (the ComfyUI 0.27.0 stand-in), ``comfy/options.py``: its source is
-comfy_memx/cli/demo_world/standin/v0_27_0/comfy/options.py."""
-from comfy_memx.cli.demo_world.standin import extend
+"""Stand-in for ``comfy/options.py``: main.py flips ``args_parsing`` on before anything imports cli_args."""
 
-extend(globals(), "v0_27_0/comfy/options")
+args_parsing = False
+
+
+def enable_args_parsing(enable=True):
+    """Let the first import of ``comfy.cli_args`` parse ``sys.argv`` (only main.py calls this)."""
+    global args_parsing
+    args_parsing = enable

@@ -1,4 +1,9 @@
-"""Stand-in for ``comfy/options.py``: main.py flips ``args_parsing`` on before anything imports cli_args: the shared stand-in source (comfy_memx/cli/demo_world/base/comfy/options.py), as it is."""
-from comfy_memx.cli.demo_world.standin import extend
+"""Stand-in for ``comfy/options.py``: main.py flips ``args_parsing`` on before anything imports cli_args."""
 
-extend(globals(), "shared/comfy/options")
+args_parsing = False
+
+
+def enable_args_parsing(enable=True):
+    """Let the first import of ``comfy.cli_args`` parse ``sys.argv`` (only main.py calls this)."""
+    global args_parsing
+    args_parsing = enable

@@ -1,5 +1,5 @@
 """The one parser of the numbers that requests carry: query parameters (``?since=``, ``?timeout=``, ``?bytes=``)
-and the numbers of JSON bodies (``surface.bodies``).
+and the numbers of JSON bodies (``routekit.bodies``).
 
 Python's own ``int()``/``float()``/``str.isdigit()`` accept far more than a request should send (``²``, ``５``,
 ``١``, ``+5``, `` 5 ``, ``1_000``, ``1e3``, ``inf``), and do not even agree with each other (``"²".isdigit()`` is
@@ -18,6 +18,7 @@ import re
 
 from comfy_memx.core.errors import MemxError
 
+MAX_TIMEOUT_S = 3600.0   # the longest wait a request may ask for (``?timeout=``, a body's ``timeout``), seconds
 MAX_DIGITS = 19          # a query's whole part; beyond it no bound of ours is reached anyway
 MAX_JSON_CHARS = 40      # a JSON number's text: every float repr and 64-bit integer fits
 WHOLE = re.compile(r"[0-9]{1,%d}" % MAX_DIGITS)

@@ -1,5 +1,5 @@
-"""What every stand-in version's ``server.py`` shares: the ``PromptServer`` shape that extensions (and comfy_memx)
-rely on.
+"""Stand-in for ComfyUI 0.27.0 ``server.py``: ``GET /system_stats`` lists every device, ``POST /prompt``
+queues a 6-tuple (with an empty sensitive-data dict).
 
 What is modelled (reference §11 "server.py", and the real file's structure): ``PromptServer(loop)`` sets
 ``PromptServer.instance``, owns the ``prompt_queue``, an aiohttp ``app`` and the ``routes`` table custom nodes add
@@ -11,6 +11,7 @@ answers at once; the prompt worker acts on them after its current prompt).
 Left out: websockets (messages are dropped), the frontend and static files, user/model/subgraph managers,
 middlewares, TLS, uploads, prompt validation beyond the node classes.
 """
+
 import asyncio
 import errno
 import logging
@@ -177,3 +178,18 @@ def _device_entry(mm, device):
     return {"name": mm.get_torch_device_name(device), "type": device.type, "index": device.index,
             "vram_total": vram_total, "vram_free": vram_free,
             "torch_vram_total": torch_vram_total, "torch_vram_free": torch_vram_free}
+
+SYSTEM_OS = sys.platform
+
+
+class PromptServer(_SharedPromptServer):
+    """The HTTP server of one ComfyUI process (one instance, in ``PromptServer.instance``)."""
+
+    def _devices(self, mm):
+        """The devices ``GET /system_stats`` lists: the current one first, then every other."""
+        primary = mm.get_torch_device()
+        return [primary] + [d for d in mm.get_all_torch_devices() if d != primary]
+
+    def _queue_item(self, number, prompt_id, prompt, extra_data, outputs):
+        """The queue entry of a prompt: 0.27.0 adds its sensitive extra data (none here)."""
+        return (number, prompt_id, prompt, extra_data, outputs, {})

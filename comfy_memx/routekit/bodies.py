@@ -4,7 +4,7 @@ A body is read whole, however it was split on the wire, up to :data:`MAX_BODY_BY
 all there within :data:`READ_TIMEOUT_S`: 408), its nesting is measured before it is parsed (deeper than
 :data:`MAX_DEPTH`: 400, so a body nested 100k levels deep never reaches the parser's recursion), it must be a JSON
 object with finite numbers only (``NaN``, ``Infinity`` and ``1e999`` are refused; numbers are read by
-``surface.numbers``: ASCII, at most 40 characters), and each known field must have its type (:class:`Field`);
+``routekit.numbers``: ASCII, at most 40 characters), and each known field must have its type (:class:`Field`);
 unknown fields are ignored, as ComfyUI's own ``/free`` ignores them.
 Every refusal is :class:`BadBody` with the HTTP status and a message naming the field.
 """
@@ -15,7 +15,7 @@ import json
 import math
 
 from comfy_memx.core.errors import MemxError
-from comfy_memx.surface import numbers
+from comfy_memx.routekit import numbers
 
 MAX_BODY_BYTES = 16 * 1024
 MAX_DEPTH = 8

@@ -1,5 +1,0 @@
-"""ComfyUI 0.27.0 stand-in, ``folder_paths.py``: its source is
-comfy_memx/cli/demo_world/standin/v0_27_0/folder_paths.py."""
-from comfy_memx.cli.demo_world.standin import extend
-
-extend(globals(), "v0_27_0/folder_paths")
