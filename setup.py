@@ -55,6 +55,6 @@ setup(
     packages=find_packages(include=["comfy_memx", "comfy_memx.*"]) + [PATCHES],
     package_dir={PATCHES: "patches"},
     # the fleet files (Prometheus rules, Grafana dashboard) are data, not modules
-    package_data={"comfy_memx.fleet": ["alerts.yml", "dashboard.json"], "comfy_memx": ["web/*.js", "web/*.html"]},
+    package_data={"comfy_memx.fleet": ["alerts.yml", "alerts.template.yml", "dashboard.json"], "comfy_memx": ["web/*.js", "web/*.html"]},
     cmdclass={"build_py": BuildPyWithPth, "editable_wheel": EditableWheelWithPth},
 )

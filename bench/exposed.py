@@ -1,4 +1,4 @@
-"""The production surface under concurrent traffic (issue 18): ``GET /memx/models`` p99 and prompt latency while
+"""The production surface under concurrent traffic: ``GET /memx/models`` p99 and prompt latency while
 2,000 mixed requests hit the server, with and without concurrent holder searches.
 
 ::

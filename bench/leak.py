@@ -16,7 +16,7 @@ All timings are taken in the same process, on the same heap:
 * ``objgraph_s``: ``objgraph.find_backref_chain(target, objgraph.is_proper_module)`` on the package-rooted target
   (objgraph is the bench-only reference; it runs ``gc.collect()`` first, as its users get it; best of 2, 1 when
   quick);
-* ``search_s``: the backward search alone (``find_holders(probe=False)``, the search before issue 12) on the
+* ``search_s``: the backward search alone (``find_holders(probe=False)``, the search before the forward probe) on the
   package-rooted target (best of 3);
 * ``probe_search_s``: ``find_holders`` as strict mode runs it (probe first) on the package-rooted target (best of
   5); the chain must come from the probe, with no heap scan;
@@ -24,7 +24,7 @@ All timings are taken in the same process, on the same heap:
   target, in interleaved rounds; ``fallback_over_backward`` is the median of the per-round ratios.
 
 Targets (T6): ``objgraph_s / search_s >= 3`` and ``search_s / scan_s <= 6`` (the backward search);
-``objgraph_s / probe_search_s >= 100`` and ``probe_search_s / scan_s <= 1`` (issue 12: the probe);
+``objgraph_s / probe_search_s >= 100`` and ``probe_search_s / scan_s <= 1`` (the probe's targets);
 ``fallback_over_backward <= 1.05`` (a chain the probe cannot reach is found no slower than by the backward search
 alone; 5 % is the noise allowance of two timings of a few hundred milliseconds on a shared machine).  Run
 ``python -m bench.leak [--quick]``; it prints one JSON record per line.

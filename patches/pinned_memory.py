@@ -13,7 +13,7 @@ first already, are passed through; every release is booked as a ``pin_evict`` ev
 :func:`adopt` sets ``MAX_PINNED_MEMORY`` to comfy_memx's cap right after import, only where ComfyUI turned pinning
 on itself (an NVIDIA or AMD GPU and no ``--disable-pinned-memory``; on CPU-only machines it stays -1), and logs
 the cap with its source; ``unpatch`` puts ComfyUI's value back.  Checked against ComfyUI 0.27.0 and 0.33.0 (real
-trees, with the registration call faked: tests/test_real_pins.py), the 0.38 sources (pin_memory's new argument and
+trees, with the registration call faked: tests/real/test_real_pins.py), the 0.38 sources (pin_memory's new argument and
 return, the fast subsets), and 0.3.64 (no pinning: every site is skipped as absent).  The DynamicVRAM pin itself is
 ``comfy_memx.patches.dynamic_pins``.
 Settings: ``COMFY_MEMX_PIN_LIMIT`` (auto, off, a size or a percentage of RAM), ``COMFY_MEMX_PIN_SCOPE``

@@ -45,7 +45,7 @@ alive that ComfyUI freed": the final receipt's survivors are exactly the pack's 
 through their owner prompt to the slot and generation that loaded them), no mid-run receipt lists anything else,
 and the census of the memx server equals the plain server's.
 
-Targets (issue 10, at 500 prompts with ``--leak-mode strict``): 0 failed prompts, 0 comfy_memx tracebacks (and
+Targets (at 500 prompts with ``--leak-mode strict``): 0 failed prompts, 0 comfy_memx tracebacks (and
 internal errors), a valid event log, nothing kept alive (hard targets); median latency <= 1.10x plain and RSS
 growth caused by comfy_memx <= 1 MiB per 100 prompts (performance targets). ``--check`` makes the exit status 1
 when a hard target is missed, or when a performance target is missed and ``--prompts`` >= 200 (shorter runs are too

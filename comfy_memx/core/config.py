@@ -238,63 +238,82 @@ def _positive_seconds(text):
 
 SETTINGS = (
     Setting("COMFY_MEMX", "active", _bool, False, "1/true/yes/on or 0/false/no/off",
-            "Activate comfy_memx in any ComfyUI start command (interpreter-startup hook).", option=False),
+            "Activate comfy_memx in any ComfyUI start command: the interpreter-startup hook (`comfy_memx.pth`) reads "
+            "it and does nothing else when it is unset or false. Under the launcher comfy_memx is on anyway.",
+            option=False),
     Setting("COMFY_MEMX_LEAK_MODE", "leak_mode", _choice(LEAK_MODES), "report", ", ".join(LEAK_MODES),
-            "off: no leak reporting; report: name the owner of a leaked model after ComfyUI's warning; "
-            "strict: also find and name the objects that hold it."),
+            "off: no leak reporting; report: name the owner of a leaked model after ComfyUI's warning; strict: also "
+            "find and name the objects that hold it, and the usual fix."),
     Setting("COMFY_MEMX_EVENTS", "events", _events_file, None, "a file path in a writable folder (unset: no log)",
-            "Append one JSON object per line for every load, unload and leak (see Events)."),
+            "Append one JSON object per line for every load, unload, leak and free (see "
+            "[Events](operations.md#events)). The path must name a regular file or nothing yet: a FIFO, socket or "
+            "device is refused."),
     Setting("COMFY_MEMX_DISABLE", "disable", _patch_list, (), "comma list of " + ", ".join(PATCH_NAMES),
             "Patches to skip."),
     Setting("COMFY_MEMX_LEAK_BUDGET", "leak_budget", _positive_seconds, 2.0, "seconds > 0",
-            "Time budget of one strict-mode holder search."),
+            "Strict mode: the CPU time of all holder searching in one prompt (and of one search asked for by a "
+            "user), with a wall-clock cap of 5x that plus 1 s."),
     Setting("COMFY_MEMX_LEAK_GRAPH", "leak_graph", _graph_folder, None, "a writable folder (unset: none)",
-            "Strict mode: write a Graphviz .dot file per leak there (and a PNG when a `dot` binary exists)."),
+            "Strict mode: write a Graphviz `.dot` file per leak there, and a PNG when a `dot` binary exists."),
     Setting("COMFY_MEMX_LEAK_FAIL", "leak_fail", _bool, False, "1/true/yes/on or 0/false/no/off",
-            "Launcher: exit with status 3 at shutdown if a rooted leak was found (for custom-node CI)."),
+            "Launcher: exit with status 3 at shutdown if a rooted leak was found and ComfyUI itself exited cleanly "
+            "(its own non-zero status is kept). For custom-node authors' CI."),
     Setting("COMFY_MEMX_IDLE_UNLOAD", "idle_unload", _non_negative_seconds, 0.0, "seconds >= 0 (0: off)",
-            "Once ComfyUI's queue has been empty this long, ask its worker to unload the models (as /memx/free)."),
+            "Once ComfyUI's queue has been empty this long, ask its worker to unload the models, as `/memx/free` "
+            "does (see [Handing the GPU over](memory.md#handing-the-gpu-over))."),
     Setting("COMFY_MEMX_HANDOFF", "handoff", _choice(HANDOFF_SCOPES), "off", ", ".join(HANDOFF_SCOPES),
-            "host: instances on this host register themselves, and a load short of device memory asks the idle "
-            "peers on the same device to unload first."),
+            "host: instances on this host find each other, and a load short of device memory asks idle peers on the "
+            "same device to unload first."),
     Setting("COMFY_MEMX_HANDOFF_WAIT", "handoff_wait", _positive_seconds, 15.0, "seconds > 0",
-            "How long a load waits in all for peers to unload (COMFY_MEMX_HANDOFF=host)."),
+            "How long a load waits in all for peers to unload (`COMFY_MEMX_HANDOFF=host`)."),
     Setting("COMFY_MEMX_TRIM", "trim", _bool, True, "1/true/yes/on or 0/false/no/off",
-            "/memx/free: return the C allocator's free pages to the kernel (glibc malloc_trim) and report the bytes."),
+            "`/memx/free`: return the C allocator's free pages to the kernel (glibc `malloc_trim`) and report the "
+            "bytes."),
     Setting("COMFY_MEMX_THRASH_PROMPTS", "thrash_prompts", _prompt_count, 3, "a whole number >= 0 (0: off)",
             "Warn once per prompt about a model reloaded in each of the last N prompts."),
     Setting("COMFY_MEMX_PIN_LIMIT", "pin_limit", _pin_limit, "auto", PIN_LIMIT_FORMS,
-            "Cap on pinned host memory; auto = 40 % of RAM on Windows, else max(40 % RAM, min(90 % RAM, RAM - 4 GiB, "
-            "RAM + disk swap - 16 GiB)), with RAM clamped to the cgroup limit."),
+            "Cap on pinned host memory. auto: 40 % of RAM on Windows, else max(40 % RAM, min(90 % RAM, RAM - 4 GiB, "
+            "RAM + disk swap - 16 GiB)), RAM clamped to the cgroup limit, zram not counted. A limit above RAM is "
+            "clamped with a warning."),
     Setting("COMFY_MEMX_PIN_SCOPE", "pin_scope", _choice(PIN_SCOPES), "process", ", ".join(PIN_SCOPES),
-            "process: the cap is per ComfyUI process; host: all ComfyUI processes of this user share it."),
+            "process: the cap is per ComfyUI process; host: all ComfyUI processes of this user on the host share one "
+            "pin cap through a lock-protected registry file in this user's private folder (see "
+            "[Security](security.md)); when it cannot be used safely, each process keeps its own cap."),
     Setting("COMFY_MEMX_TOKEN", "token", _token, None,
             f"a string of at least {MIN_TOKEN_CHARS} printable characters without blanks (unset: none)",
-            "Lets callers that are not on loopback use the guarded routes (holder searches, /memx/free's searches, "
-            "/memx/handoff/request) when they send it as `Authorization: Bearer <token>` or `X-Memx-Token`.",
+            "Environment only: a command line is visible to every user. Callers that are not on loopback may use the "
+            "guarded routes (holder searches, `/memx/free`'s searches, `/memx/handoff/request`) when they send it as "
+            "`Authorization: Bearer <token>` or `X-Memx-Token: <token>` (see [Security](security.md)). Shown as "
+            "`<set>` by doctor.",
             option=False),
     Setting("COMFY_MEMX_ALLOWED_HOSTS", "allowed_hosts", _host_names, (),
             "comma list of host names or IP addresses, without ports (unset: none)",
-            "Host names (besides loopback names and the server's own address) under which loopback callers may use "
-            "the guarded routes without the token: the DNS-rebinding defence (see Security)."),
+            "Names (besides `localhost`, `*.localhost`, loopback addresses and the address the connection came in "
+            "on) that a loopback caller's `Host` may carry for the guarded routes without the token: the "
+            "DNS-rebinding defence (see [Security](security.md)). Set it when a browser on this host opens ComfyUI "
+            "under another name (`gpu-box.lan`)."),
     Setting("COMFY_MEMX_SEARCH_CPU", "search_cpu", _positive_seconds, 2.0, "seconds > 0",
-            "CPU seconds per minute that holder searches asked for over HTTP may use in all."),
+            "CPU seconds per minute that holder searches asked for over HTTP may use in all; beyond it they answer "
+            "429 with `Retry-After`."),
     Setting("COMFY_MEMX_EVENT_RATE", "event_rate", _positive_count, 20, "a whole number >= 1",
-            "Events per second that HTTP requests may write (free, handoff); the rest are dropped and counted."),
+            "Events per second that HTTP requests may write (`free`, `handoff` giver); the rest are dropped and "
+            "counted (`events_dropped`)."),
     Setting("COMFY_MEMX_HANDOFF_GROUP", "handoff_group", _group, "default",
             "1-64 letters, digits, '_', '.', '-'",
-            "COMFY_MEMX_HANDOFF=host: only instances of this user with the same group name hand the GPU to each "
+            "`COMFY_MEMX_HANDOFF=host`: only this user's instances with the same group name hand the GPU to each "
             "other."),
     Setting("COMFY_MEMX_RELEASE", "release", _choice(RELEASE_POLICIES), "off", ", ".join(RELEASE_POLICIES),
-            "off: comfy_memx never cuts a pack's cache; ask: it cuts one leaked model's cache entry when asked "
-            "(POST /memx/models/{id}/release, `free --release`, the panel's Release button); auto: also the moment "
-            "ComfyUI warns about a model held by a package of COMFY_MEMX_RELEASE_PACKAGES.  The pack rebuilds the "
-            "entry the next time it needs it."),
+            "Give a leaked model's memory back by cutting the one entry of a pack's cache that holds it (see [Giving "
+            "memory back without a restart](leaks.md#giving-memory-back-without-a-restart)). off: never; ask: when "
+            "asked (`POST /memx/models/{id}/release`, `free --release`, the panel's Release button); auto: also the "
+            "moment ComfyUI warns about a model that a package of `COMFY_MEMX_RELEASE_PACKAGES` holds. The pack "
+            "rebuilds the entry the next time it needs it."),
     Setting("COMFY_MEMX_RELEASE_PACKAGES", "release_packages", _package_list, (),
             "comma list of custom-node folder names, or * for every pack",
-            "COMFY_MEMX_RELEASE=auto: the packages whose caches may be cut automatically."),
+            "`COMFY_MEMX_RELEASE=auto`: the packs whose caches may be cut automatically (auto with none is refused "
+            "at start-up)."),
     Setting("COMFY_MEMX_RAISE_INTERNAL", "raise_internal", _bool, False, "1/true/yes/on or 0/false/no/off",
-            "Re-raise comfy_memx's own internal errors instead of logging them (for tests and development).",
+            "Re-raise comfy_memx's own internal errors instead of logging them once (tests, development).",
             option=False),
 )
 

@@ -31,7 +31,7 @@ def dashboard_path():
 def scrape_config(targets, metrics_path="/metrics", interval="15s", job=JOB):
     """A prometheus.yml fragment (text) that scrapes ``targets`` (``host:port`` of ComfyUI servers) under the job
     name the rules select.  It names no rules file: the rules are copied where prometheus.yml's ``rule_files``
-    looks (README, For fleets), since a path into this Python environment moves with every upgrade and would load
+    looks (docs/operations.md, Fleets), since a path into this Python environment moves with every upgrade and would load
     the rules a second time next to the copy."""
     listed = ", ".join(f'"{target}"' for target in targets)
     return (f"scrape_configs:\n"

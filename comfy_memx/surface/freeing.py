@@ -464,7 +464,22 @@ def record_free(request, receipt_data):
                       releases=[{key: row[key] for key in ("model_id", "outcome", "package", "cut")}
                                 for row in receipt_data.get("releases", ())],
                       survivor_bytes=receipt_data["survivor_bytes"], memory=receipt_data["memory"],
+                      survivor_packages=survivor_packages(receipt_data["survivors"]),
                       seconds=round((run.finished or time.time()) - request.began, 3) if run is not None else None)
+
+
+def survivor_packages(rows):
+    """``[{"package", "loader_package"}]``, one per survivor row of a receipt: the package that holds it (its leak
+    record's, else its search's first holder chain's; ``unknown`` when neither named one) and the one that loaded
+    it, so that fleets see who keeps what a free could not release."""
+    found = []
+    for row in rows:
+        holder = (row.get("leak") or {}).get("holder_package")
+        if not holder:
+            holder = next((chain.get("holder_package") for chain in row.get("holders") or ()
+                           if isinstance(chain, dict) and chain.get("holder_package")), None)
+        found.append({"package": holder or "unknown", "loader_package": (row.get("owner") or {}).get("package") or "?"})
+    return found
 
 
 def _freed(request):

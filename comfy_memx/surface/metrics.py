@@ -11,8 +11,8 @@ comfy_memx_info                            gauge      version, leak_mode, source
 comfy_memx_patch_sites                     gauge      state (patched/rewrapped/skipped): number of patch sites
 comfy_memx_patch_skipped                   gauge      patch, site, reason (absent/disabled/not_imported/other): 1
 comfy_memx_loaded_bytes                    gauge      device: weights loaded on each load device
-comfy_memx_model_loaded_bytes              gauge      model, model_id, package, device
-comfy_memx_model_bytes                     gauge      model, model_id, package, state (loaded/offloaded/leaked)
+comfy_memx_model_loaded_bytes              gauge      model, package, device (copies of one model summed)
+comfy_memx_model_bytes                     gauge      model, package, state (loaded/offloaded/leaked)
 comfy_memx_leaked_bytes                    gauge      package (holder), loader_package: weights of live leaked models
 comfy_memx_pinned_bytes                    gauge      -: pinned host memory (ComfyUI's TOTAL_PINNED_MEMORY)
 comfy_memx_pin_cap_bytes                   gauge      source: comfy_memx (the cap in force), comfyui (its own)
@@ -30,6 +30,9 @@ comfy_memx_process_rss_bytes               gauge      -: resident memory of the 
 comfy_memx_trim_returned_bytes_total       counter    -: bytes malloc_trim returned after /memx/free
 comfy_memx_last_free_bytes                 gauge      kind: allocator_retained, held_by_models, rss_after, survivors
 comfy_memx_last_free_survivors             gauge      -: models the last free left alive (its receipt's survivors)
+comfy_memx_last_free_survivor_models       gauge      package (holder), loader_package: the same, by package
+comfy_memx_host_memory_bytes               gauge      -: memory the process may use (RAM, or a lower cgroup limit)
+process_start_time_seconds (and process_*) gauge      -: prometheus_client's process collector (Linux)
 comfy_memx_frees_total                     counter    origin (/memx/free, idle_unload, ...): finished free requests
 comfy_memx_free_freed_bytes_total          counter    origin: device bytes the frees unloaded
 comfy_memx_free_survivors_total            counter    origin: survivors listed by the frees' receipts
@@ -53,12 +56,16 @@ Label cardinality is capped so that a fleet can afford it: every package-like la
 :data:`MAX_MODELS` values a process sees and fold later ones into ``other``; the per-model gauges show the
 :data:`MAX_MODEL_SERIES` largest models and sum the rest into one ``other`` series per device or state.  Counters
 and histograms export no ``_created`` series (one sample fewer per series; Prometheus does not read them).
+Counters whose label values are known in advance (free origins, unload reasons, search reasons) start at 0 for
+each, so ``rate``/``increase`` see their first event.  The per-model gauges carry no ``model_id`` (a new id per load
+would make new series all day); copies of one model of one package are summed.
 
 ``prometheus_client`` is optional (``pip install prometheus_client`` in ComfyUI's environment), imported when metrics are
 installed, never at import of this module.
 """
 
 import logging
+import os
 
 from comfy_memx._version import __version__
 from comfy_memx.core.errors import MemxError
@@ -74,7 +81,11 @@ INSTALL_HINT = "install prometheus_client into the Python environment ComfyUI ru
 MAX_PACKAGES = 40      # distinct package-like label values per process (the rest: "other")
 MAX_MODELS = 40        # distinct model names in counters
 MAX_MODEL_SERIES = 25  # models shown one by one in the per-model gauges (largest first)
+KNOWN_FREE_ORIGINS = ("/memx/free", "idle_unload", "handoff")
+KNOWN_UNLOAD_REASONS = ("unload_all", "free_request", "oom", "memory_pressure", "dropped", "other")
+KNOWN_SEARCH_REASONS = ("new", "holders_changed", "deferred")
 OTHER = "other"
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 UNKNOWN = "unknown"
 
 
@@ -161,6 +172,9 @@ class Metrics:
                                   ["kind"], registry=self.registry)
         self.last_free_survivors = pc.Gauge(PREFIX + "last_free_survivors", "Models the last free request left "
                                             "alive (the survivors of its receipt)", registry=self.registry)
+        self.last_free_survivor_models = pc.Gauge(PREFIX + "last_free_survivor_models", "Models the last free "
+                                                  "request left alive, by holding and loading package",
+                                                  ["package", "loader_package"], registry=self.registry)
         self.load_seconds = pc.Histogram(PREFIX + "load_seconds", "Seconds per model load that moved bytes",
                                          buckets=SECONDS_BUCKETS, registry=self.registry)
         self.offload_seconds = pc.Histogram(PREFIX + "offload_seconds", "Seconds per model unload (offload)",
@@ -170,6 +184,19 @@ class Metrics:
         self.offload_gbps = pc.Histogram(PREFIX + "offload_gbps", "GB/s of model unloads that copied bytes",
                                          buckets=GBPS_BUCKETS, registry=self.registry)
         self.registry.register(_StateCollector(pc, model_rows, pin_facts, process_facts, self.holders))
+        pc.ProcessCollector(registry=self.registry)
+        self._start_known_labels()
+
+    def _start_known_labels(self):
+        """Create the counter series of label values known in advance at 0, so that ``increase`` and ``rate`` count
+        their first event (a series born at 1 reads as no increase)."""
+        for origin in KNOWN_FREE_ORIGINS:
+            for family in (self.frees, self.free_freed_bytes, self.free_survivors):
+                family.labels(origin)
+        for reason in KNOWN_UNLOAD_REASONS:
+            self.unload_bytes.labels(reason)
+        for reason in KNOWN_SEARCH_REASONS:
+            self.leak_searches.labels(reason)
 
     def _counter(self, name, documentation, labels):
         return self._pc.Counter(PREFIX + name, documentation, labels, registry=self.registry)
@@ -239,6 +266,7 @@ class Metrics:
         self.free_survivors.labels(origin).inc(max(0, event.get("survivors") or 0))
         self.last_free_survivors.set(max(0, event.get("survivors") or 0))
         self.last_free.labels("survivors").set(max(0, event.get("survivor_bytes") or 0))
+        self._survivor_models(event.get("survivor_packages"))
         memory = event.get("memory") or {}
         returned = (memory.get("trim") or {}).get("returned_bytes")
         if returned is not None:
@@ -248,6 +276,15 @@ class Metrics:
             self.last_free.labels("held_by_models").set(memory["held_bytes"])
         if memory.get("rss_after_trim") or memory.get("rss_after"):
             self.last_free.labels("rss_after").set(memory.get("rss_after_trim") or memory["rss_after"])
+
+    def _survivor_models(self, packages):
+        """Replace the by-package survivors of the last free with those of this one (``survivor_packages``: a list
+        of ``{"package", "loader_package"}``, one per survivor)."""
+        self.last_free_survivor_models.clear()
+        for survivor in packages if isinstance(packages, list) else ():
+            labels = (self.packages(survivor.get("package") or UNKNOWN),
+                      self.packages(survivor.get("loader_package") or "?"))
+            self.last_free_survivor_models.labels(*labels).inc()
 
     def exposition(self):
         """``(body bytes, content type)`` of the Prometheus text format (no ``_created`` series)."""
@@ -284,12 +321,12 @@ class _StateCollector:
         gauge = self._pc.core.GaugeMetricFamily
         per_device = gauge(PREFIX + "loaded_bytes", "Model weights loaded on each load device", labels=["device"])
         per_model = gauge(PREFIX + "model_loaded_bytes", "Weights of one model loaded on its load device",
-                          labels=["model", "model_id", "package", "device"])
+                          labels=["model", "package", "device"])
         sizes = gauge(PREFIX + "model_bytes", "Weights of one model, wherever they are",
-                      labels=["model", "model_id", "package", "state"])
+                      labels=["model", "package", "state"])
         leaked = gauge(PREFIX + "leaked_bytes", "Weights of live leaked models, by holding and loading package",
                        labels=["package", "loader_package"])
-        totals, rest_loaded, rest_sizes, leaked_sums = {}, {}, {}, {}
+        totals, loaded_sums, size_sums, leaked_sums = {}, {}, {}, {}
         rows = (self._model_rows or readmodel.model_rows)()
         shown = sorted(rows, key=lambda row: row["bytes"], reverse=True)[:MAX_MODEL_SERIES]
         shown_ids = {id(row) for row in shown}
@@ -297,19 +334,16 @@ class _StateCollector:
             package = str(row["owner"].get("package") or "?")
             device = str(row["load_device"])
             totals[device] = totals.get(device, 0) + row["loaded_bytes"]
-            if id(row) in shown_ids:
-                per_model.add_metric([row["model"], row["model_id"], package, device], row["loaded_bytes"])
-                sizes.add_metric([row["model"], row["model_id"], package, row["state"]], row["bytes"])
-            else:
-                rest_loaded[device] = rest_loaded.get(device, 0) + row["loaded_bytes"]
-                rest_sizes[row["state"]] = rest_sizes.get(row["state"], 0) + row["bytes"]
+            named = (str(row["model"]), package) if id(row) in shown_ids else (OTHER, OTHER)
+            _add(loaded_sums, (*named, device), row["loaded_bytes"])
+            _add(size_sums, (*named, str(row["state"])), row["bytes"])
             if row["state"] == "leaked":
                 key = (self._holder_of(row), package)
                 leaked_sums[key] = leaked_sums.get(key, 0) + row["bytes"]
-        for device, nbytes in sorted(rest_loaded.items()):
-            per_model.add_metric([OTHER, OTHER, OTHER, device], nbytes)
-        for state, nbytes in sorted(rest_sizes.items()):
-            sizes.add_metric([OTHER, OTHER, OTHER, state], nbytes)
+        for labels, nbytes in sorted(loaded_sums.items()):
+            per_model.add_metric(list(labels), nbytes)
+        for labels, nbytes in sorted(size_sums.items()):
+            sizes.add_metric(list(labels), nbytes)
         for device, nbytes in sorted(totals.items()):
             per_device.add_metric([device], nbytes)
         for labels, nbytes in sorted(leaked_sums.items()):
@@ -339,6 +373,7 @@ class _StateCollector:
         if facts.get("comfyui_cap_bytes") is not None:
             cap.add_metric(["comfyui"], facts["comfyui_cap_bytes"])
         yield cap
+        yield from _host_memory(gauge)
 
     def _holder_of(self, row):
         leak = row.get("leak") or {}
@@ -367,6 +402,40 @@ class _StateCollector:
             sites.add_metric([state], number)
         yield sites
         yield skipped
+
+
+def _add(sums, key, nbytes):
+    sums[key] = sums.get(key, 0) + nbytes
+
+
+def _host_memory(gauge):
+    """The ``host_memory_bytes`` gauge, when the memory is known: the yardstick of the fleet's thresholds."""
+    total = host_memory_bytes()
+    if total is not None:
+        family = gauge(PREFIX + "host_memory_bytes", "Memory the ComfyUI process may use: the host's RAM, or its "
+                       "cgroup's limit when lower")
+        family.add_metric([], total)
+        yield family
+
+
+def host_memory_bytes():
+    """Bytes of memory this process may use: physical RAM, or the cgroup's memory limit when that is lower (a
+    container); None where neither can be read."""
+    limits = []
+    try:
+        limits.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        pass
+    for path in CGROUP_LIMITS:
+        try:
+            with open(path, encoding="ascii") as handle:
+                text = handle.read().strip()
+        except OSError:
+            continue
+        if text.isascii() and text.isdigit():
+            limits.append(int(text))
+    limits = [limit for limit in limits if limit > 0]
+    return min(limits) if limits else None
 
 
 def skip_reason(reason):

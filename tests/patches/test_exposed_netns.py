@@ -1,4 +1,4 @@
-"""Issue 18 from a real non-loopback address: the stand-in server under ``python -m comfy_memx`` listens on
+"""The exposed surface from a real non-loopback address: the stand-in server under ``python -m comfy_memx`` listens on
 0.0.0.0, and requests come from a network namespace of the test's own (``netns_helpers``).  The read routes and
 ``/memx/free`` answer as ComfyUI's own would; the holder search, ``/memx/free``'s searches and the hand-off
 request need the token; the same calls from loopback need nothing."""

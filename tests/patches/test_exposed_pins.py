@@ -1,4 +1,4 @@
-"""Issue 18, phantom pins: drift in ComfyUI's TOTAL_PINNED_MEMORY (a lost update, a pin freed without the counter)
+"""Exposed surface, phantom pins: drift in ComfyUI's TOTAL_PINNED_MEMORY (a lost update, a pin freed without the counter)
 is logged once with its amount and protects nothing: no pin is refused for bytes nobody holds, and the budget books
 no unattributed pin for it."""
 

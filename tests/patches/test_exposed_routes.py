@@ -1,4 +1,4 @@
-"""Issue 18 on the stand-in server: the guarded routes refuse callers that are neither loopback nor hold the token,
+"""The exposed surface on the stand-in server: the guarded routes refuse callers that are neither loopback nor hold the token,
 one holder search at a time (429 with Retry-After), a CPU budget per minute, the read routes on their own executor,
 bodies bounded and type-checked (400/413, never 500), hand-off peers proving their group, and no answer that shows
 client addresses or the device a caller would need to unload someone.

@@ -1,4 +1,4 @@
-"""The forward probe of strict leak mode (issue 12): which stage finds each holder, through the real patch path.
+"""The forward probe of strict leak mode: which stage finds each holder, through the real patch path.
 
 A leak is produced as ComfyUI produces it (a model loaded through ``load_models_gpu``, its patcher dropped, then
 ``cleanup_models_gc``) on both stand-in shapes; the holder search that comfy_memx's leak watch runs is recorded
@@ -24,7 +24,7 @@ from memx_helpers import memx_on, read_events
 
 VERSIONS = ["0.3.64", "0.27.0"]
 PACK = '''
-"""A custom-node pack that holds models in the ways real packs do (issue 12's probe cases)."""
+"""A custom-node pack that holds models in the ways real packs do (the probe's cases)."""
 import functools
 import threading
 

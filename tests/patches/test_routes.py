@@ -411,7 +411,9 @@ def test_metrics_route_names_and_labels_through_the_patch(tmp_path):
     texts = serve("0.27.0", tmp_path, scenario)
     assert texts[0].split("comfy_memx_load_seconds_sum")[0] == texts[1].split("comfy_memx_load_seconds_sum")[0]
     samples = [s for family in parser.text_string_to_metric_families(texts[0]) for s in family.samples]
-    assert samples and all(s.name.startswith("comfy_memx_") for s in samples)
+    # the prefix on every name but the process collector's standard ones (process_start_time_seconds, ...)
+    assert samples and all(s.name.startswith(("comfy_memx_", "process_")) for s in samples)
+    assert any(s.name == "process_start_time_seconds" for s in samples)
     value = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in samples}
     assert value[("comfy_memx_loads_total", (("package", "leaky_pack"),))] == 2
     assert value[("comfy_memx_unloads_total", (("package", "leaky_pack"), ("reason", "free_request")))] >= 1

@@ -1,4 +1,4 @@
-"""End to end for fleets (issue 21): real ComfyUI 0.33.0 under comfy_memx with a leaking pack, a real Prometheus on
+"""End to end for fleets: real ComfyUI 0.33.0 under comfy_memx with a leaking pack, a real Prometheus on
 loopback scraping its ``/metrics`` every second with comfy_memx's alert rules loaded, prompts run, and then, through
 Prometheus's HTTP API: the rooted-leak alert fires naming the holding package, the survivor alert fires after a
 ``/memx/free`` with the leak alive, no core-patch or inactivity alert fires, and every query of the shipped Grafana
@@ -45,6 +45,15 @@ CPU_EMPTY_QUERIES = {
     ("Pinned memory against the cap", "A"): "nothing is pinned with --cpu: pinned bytes stay 0 (B, the caps, has data)",
     ("Pin evictions and refusals", "A"): "nothing is pinned with --cpu: no pin_evict event",
     ("Pin evictions and refusals", "B"): "nothing is pinned with --cpu: no pin_refused event",
+}
+# Recording rules and exported series read at the end of the run (instant queries).
+RECORDED = {
+    "leaked_fraction": 'comfy_memx:leaked_bytes:host_fraction{package="%s"}' % HOLDER,
+    "rss_unexplained": "comfy_memx:rss_unexplained_bytes",
+    "uptime": "comfy_memx:uptime_seconds",
+    "rss_fraction": "comfy_memx:rss:host_fraction",
+    "growth": "comfy_memx:rss_unexplained_growth:bytes_per_hour",
+    "frees_handoff": 'comfy_memx_frees_total{origin="handoff"}',
 }
 SETTLE_S = 90.0   # at most this long for Prometheus to see what the server did (polled, not slept)
 
@@ -144,6 +153,8 @@ def fleet_run(tmp_path_factory):
         run["queries"] = {(title, ref): server.query_range(grafana_free(expr, VARIABLES), run["start"], run["end"])
                           for title, ref, expr in dashboard_exprs()}
         run["rules"] = server.rules()
+        run["instant"] = {name: server.query(expr) for name, expr in RECORDED.items()}
+        run["model_series"] = server.series("comfy_memx_model_bytes", run["start"] - 60, run["end"])
         run["events"] = session.events()
     finally:
         session.stop()
@@ -153,7 +164,9 @@ def fleet_run(tmp_path_factory):
 
 def test_prometheus_loaded_every_rule_and_evaluates_them_without_error(fleet_run):
     rules = [rule for group in fleet_run["rules"] for rule in group["rules"]]
-    assert {rule["name"] for rule in rules} == set(alert_names())
+    assert {rule["name"] for rule in rules if rule["type"] == "alerting"} == set(alert_names())
+    assert {rule["name"] for rule in rules if rule["type"] == "recording"} >= {
+        expr.split("{")[0] for expr in RECORDED.values() if expr.startswith("comfy_memx:")}
     assert all(rule["health"] == "ok" for rule in rules), [(r["name"], r.get("lastError")) for r in rules]
 
 
@@ -172,6 +185,22 @@ def test_the_survivor_alert_fires_after_a_free_with_the_leak_alive(fleet_run):
     assert receipt["status"] == "done" and len(receipt["survivors"]) >= 1, receipt
     survivors = firing(fleet_run["alerts"], "ComfyMemxFreeLeftSurvivors")
     assert [alert["labels"]["instance"] for alert in survivors] == [f"{drive.HOST}:{fleet_run['session'].port}"]
+    assert [alert["labels"]["package"] for alert in survivors] == [HOLDER], survivors   # who keeps it
+
+
+def test_the_recording_rules_measure_against_the_host_and_skip_a_young_process(fleet_run):
+    instant = {name: [series["value"][1] for series in result] for name, result in fleet_run["instant"].items()}
+    [leaked] = instant["leaked_fraction"]
+    assert 0 < float(leaked) < 0.01, instant              # a tiny model on a host of gigabytes
+    [uptime] = instant["uptime"]
+    assert 0 < float(uptime) < 3600 and len(instant["rss_unexplained"]) == 1 and len(instant["rss_fraction"]) == 1
+    assert instant["growth"] == [], instant                # under 4 hours of uptime the growth fit is not taken
+    assert instant["frees_handoff"] == ["0"], instant      # a known origin, at 0 before its first free
+
+
+def test_per_model_series_carry_no_model_id(fleet_run):
+    series = fleet_run["model_series"]
+    assert series and not any("model_id" in labels for labels in series), series[:3]
 
 
 def test_no_core_patch_skipped_or_inactive_alert_on_a_supported_comfyui(fleet_run):
@@ -185,6 +214,7 @@ def test_no_core_patch_skipped_or_inactive_alert_on_a_supported_comfyui(fleet_ru
 def test_every_dashboard_query_returns_data_but_those_a_cpu_server_cannot_fill(fleet_run):
     empty = sorted(key for key, result in fleet_run["queries"].items() if not has_data(result))
     assert empty == sorted(CPU_EMPTY_QUERIES), {key: fleet_run["queries"][key] for key in empty}
+    assert not any("labelsToFields" in title for title, _ in fleet_run["queries"])
     filled = {title for (title, _), result in fleet_run["queries"].items() if has_data(result)}
     assert filled == {title for title, _ in fleet_run["queries"]} - {"Load GB/s", "Offload GB/s",
                                                                        "Pin evictions and refusals"}

@@ -27,7 +27,7 @@ the server log and in comfy_memx's event log (``drive.Session``):
             ``/memx/free`` under concurrency (two at once, against ComfyUI's ``/free``, giving up).
 ``t2i``     the launcher, leak mode report, the random-weight checkpoint: ComfyUI's default text-to-image workflow,
             ``/memx/free``, then the workflow with an unloading node of ``memx_unload_nodes`` after ``VAEDecode``
-            (issue 13) and a weight probe around it.
+            (the unloading packs) and a weight probe around it.
 
 All servers run with ``--cpu``. What that means for "bytes moved" is asserted, not assumed: the probe node reads
 where the UNet's weights live and ComfyUI's own accounting (see ``test_cpu_unload_and_reload_move_no_weights``).
@@ -1002,7 +1002,7 @@ def test_a_withdrawn_request_leaves_another_clients_flag_set(tree, real_session)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# t2i session: ComfyUI's default workflow on the random-weight SD1.5 checkpoint, then issue 13's unloading nodes
+# t2i session: ComfyUI's default workflow on the random-weight SD1.5 checkpoint, then the unloading nodes
 # ---------------------------------------------------------------------------------------------------------------
 
 SD_MODELS = {"SD1ClipModel", "BaseModel", "AutoencoderKL"}

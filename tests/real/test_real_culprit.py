@@ -138,7 +138,7 @@ def test_concurrent_searches_and_frees_never_name_a_frame_of_comfy_memx(tree, cu
     session = ready(culprit_session(tree, "strict"))
     answers = session.step("concurrent")["results"]
     searched = [a["body"] for a in answers if a.get("http_status") == 200 and "holders" in (a.get("body") or {})]
-    # one search at a time and a CPU budget per minute (issue 18): the others are refused with 429, never queued
+    # one search at a time and a CPU budget per minute (exposed surface): the others are refused with 429, never queued
     refused = [a for a in answers if a.get("http_status") == 429]
     assert searched and len(searched) + len(refused) >= 3 * len(culprit.HOLDERS) - 2, (answers[:3], where(session))
     paths = [h["path"] for a in searched for h in a["holders"]]

@@ -1,4 +1,4 @@
-"""Issue 18 against real ComfyUI servers (opt-in, gated like ``test_real_comfyui.py``: ``COMFY_MEMX_REAL_COMFYUI``
+"""The exposed surface against real ComfyUI servers (opt-in, gated like ``test_real_comfyui.py``: ``COMFY_MEMX_REAL_COMFYUI``
 and ``COMFY_MEMX_REAL_PYTHON``): one server per tree under ``python -m comfy_memx`` with ``--listen 0.0.0.0``,
 attacked from a network namespace of the test's own (``netns_helpers``) and from loopback.
 

@@ -1,4 +1,4 @@
-"""The events file behaves like a log file (issue 18): regular files only, reopened after logrotate, a full disk
+"""The events file behaves like a log file: regular files only, reopened after logrotate, a full disk
 costs one warning and counted drops but never a partial line, writing resumes when space returns, no file I/O on
 an asyncio event loop, and events written for HTTP requests are rate-limited with the drops counted."""
 

@@ -1,4 +1,4 @@
-"""Issue 18: a host registry that no other user can touch.  A folder or file pre-created by another uid (or as a
+"""Exposed surface: a host registry that no other user can touch.  A folder or file pre-created by another uid (or as a
 link) is refused and the pin cap holds; entries are validated; identity survives PID reuse and PID namespaces; a
 corrupt file costs one warning and nobody's grant.  Every test works in its own temporary folder (the shared base
 of :func:`hostshare.private_dir` is pointed there), never in the machine's real /dev/shm."""

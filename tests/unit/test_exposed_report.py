@@ -1,4 +1,4 @@
-"""Issue 18: ``report`` skips and counts every line it cannot use, whatever numbers or nesting it holds, and a
+"""Exposed surface: ``report`` skips and counts every line it cannot use, whatever numbers or nesting it holds, and a
 skipped line counts nothing."""
 
 import json

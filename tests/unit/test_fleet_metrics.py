@@ -1,5 +1,5 @@
 """The metrics a fleet's alerts and dashboard read: holder packages of leaks, free receipts, GB/s, the info metric,
-and label cardinality caps (issue 21)."""
+label cardinality caps, counters that start at 0, the process start time and the host's memory."""
 
 import pytest
 
@@ -79,11 +79,17 @@ def test_free_receipts_count_survivors_and_the_last_free_is_kept_apart():
     m, _ = new_metrics()
     memx_free = {"kind": "http", "route": "/memx/free", "client": "127.0.0.1"}
     m.observe({"event": "free", "origin": memx_free, "freed_bytes": 500, "survivors": 2, "survivor_bytes": 70,
-               "memory": {"held_bytes": 70, "rss_after": 900, "trim": {"returned_bytes": 5}}})
+               "memory": {"held_bytes": 70, "rss_after": 900, "trim": {"returned_bytes": 5}},
+               "survivor_packages": [{"package": "ComfyUI-Cachey", "loader_package": "core"},
+                                     {"package": "ComfyUI-Cachey", "loader_package": "core"}]})
+    survivors = named(scrape(m), "comfy_memx_last_free_survivor_models")
+    assert survivors == {(("loader_package", "core"), ("package", "ComfyUI-Cachey")): 2}
     m.observe({"event": "free", "origin": {"kind": "comfy_memx", "via": "idle_unload"}, "freed_bytes": 10,
-               "survivors": 0, "survivor_bytes": 0, "memory": {}})
+               "survivors": 0, "survivor_bytes": 0, "memory": {}, "survivor_packages": []})
     s = scrape(m)
-    assert named(s, "comfy_memx_frees_total") == {(("origin", "/memx/free"),): 1, (("origin", "idle_unload"),): 1}
+    assert named(s, "comfy_memx_frees_total") == {(("origin", "/memx/free"),): 1, (("origin", "idle_unload"),): 1,
+                                                  (("origin", "handoff"),): 0}
+    assert named(s, "comfy_memx_last_free_survivor_models") == {}   # the last free left none: no package listed
     assert s[("comfy_memx_free_freed_bytes_total", (("origin", "/memx/free"),))] == 500
     assert s[("comfy_memx_free_survivors_total", (("origin", "/memx/free"),))] == 2
     assert s[("comfy_memx_free_survivors_total", (("origin", "idle_unload"),))] == 0
@@ -141,7 +147,7 @@ def test_package_labels_are_capped_and_the_rest_is_folded_into_other():
 
 
 def test_per_model_gauges_show_the_largest_models_and_one_other_series_per_device_and_state():
-    rows = [row(f"Net#{n}", 100 + n, loaded=100 + n, device="cuda:0" if n % 2 else "cpu")
+    rows = [row(f"Net{n}#{n}", 100 + n, loaded=100 + n, device="cuda:0" if n % 2 else "cpu")
             for n in range(metrics.MAX_MODEL_SERIES + 6)]
     m, _ = new_metrics(rows)
     s = scrape(m)
@@ -151,8 +157,55 @@ def test_per_model_gauges_show_the_largest_models_and_one_other_series_per_devic
     assert len(sizes) == metrics.MAX_MODEL_SERIES + 1               # + "other" in state loaded
     assert sum(per_model.values()) == sum(r["loaded_bytes"] for r in rows)
     assert sum(sizes.values()) == sum(r["bytes"] for r in rows)
-    assert not any(("model_id", "Net#0") in labels for labels in per_model)   # the smallest are folded
-    assert (("device", "cpu"), ("model", "other"), ("model_id", "other"), ("package", "other")) in per_model
+    assert not any(("model", "Net0") in labels for labels in per_model)   # the smallest are folded
+    assert (("device", "cpu"), ("model", "other"), ("package", "other")) in per_model
+    assert not any(name == "model_id" for labels in list(per_model) + list(sizes) for name, _ in labels)
+
+
+def test_model_ids_make_no_new_series_and_copies_of_one_model_are_summed():
+    rows = [row("Unet#1", 100, loaded=100), row("Unet#2", 50, loaded=50)]
+    m, live = new_metrics(rows)
+    first = named(scrape(m), "comfy_memx_model_bytes")
+    assert first == {(("model", "Unet"), ("package", "loader_pack"), ("state", "loaded")): 150}
+    for number in range(3, 40):    # every prompt loads the model again under a new id
+        live[:] = [row(f"Unet#{number}", 100, loaded=100)]
+        labels = set(named(scrape(m), "comfy_memx_model_bytes")) | set(named(scrape(m), "comfy_memx_model_loaded_bytes"))
+        assert labels == {(("model", "Unet"), ("package", "loader_pack"), ("state", "loaded")),
+                          (("device", "cpu"), ("model", "Unet"), ("package", "loader_pack"))}
+
+
+def test_counters_of_known_label_values_start_at_zero():
+    s = scrape(new_metrics()[0])
+    for origin in ("/memx/free", "idle_unload", "handoff"):
+        for name in ("comfy_memx_frees_total", "comfy_memx_free_freed_bytes_total", "comfy_memx_free_survivors_total"):
+            assert s[(name, (("origin", origin),))] == 0, (name, origin)
+    for reason in ("free_request", "unload_all", "memory_pressure", "oom"):
+        assert s[("comfy_memx_unload_bytes_total", (("reason", reason),))] == 0
+    for reason in ("new", "holders_changed", "deferred"):
+        assert s[("comfy_memx_leak_searches_total", (("reason", reason),))] == 0
+
+
+@pytest.mark.skipif(not metrics.os.path.exists("/proc/self/stat"), reason="the process collector reads /proc")
+def test_the_process_start_time_and_the_host_memory_are_exported():
+    import os
+    import time
+    s = scrape(new_metrics()[0])
+    started = s[("process_start_time_seconds", ())]
+    assert time.time() - 7 * 86400 < started <= time.time()
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert 0 < s[("comfy_memx_host_memory_bytes", ())] <= physical
+
+
+def test_host_memory_is_the_lower_of_ram_and_the_cgroup_limit(tmp_path, monkeypatch):
+    import os
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limit, unlimited = tmp_path / "memory.max", tmp_path / "v1_limit"
+    limit.write_text("1073741824\n")
+    unlimited.write_text("max\n")
+    monkeypatch.setattr(metrics, "CGROUP_LIMITS", (str(unlimited), str(tmp_path / "missing")))
+    assert metrics.host_memory_bytes() == physical
+    monkeypatch.setattr(metrics, "CGROUP_LIMITS", (str(limit), str(unlimited)))
+    assert metrics.host_memory_bytes() == min(physical, 1073741824)
 
 
 def test_the_exposition_has_no_created_series():
@@ -160,3 +213,14 @@ def test_the_exposition_has_no_created_series():
     m.observe({"event": "load", "owner": OWNER, "bytes": 1, "seconds": 0.1})
     text = m.exposition()[0].decode()
     assert "comfy_memx_loads_total" in text and "_created" not in text
+
+
+def test_a_receipt_names_the_package_that_holds_each_survivor():
+    from comfy_memx.surface import freeing
+    rows = [{"owner": {"package": "core"}, "leak": {"holder_package": "ComfyUI-Cachey"}, "holders": None},
+            {"owner": {"package": "loader_pack"}, "leak": None,
+             "holders": [{"holder_package": "hoarder_pack", "path": "x"}]},
+            {"owner": {"package": "core"}, "leak": None, "holders": None}]
+    assert freeing.survivor_packages(rows) == [{"package": "ComfyUI-Cachey", "loader_package": "core"},
+                                               {"package": "hoarder_pack", "loader_package": "loader_pack"},
+                                               {"package": "unknown", "loader_package": "core"}]

@@ -1,8 +1,9 @@
 """The shipped Prometheus alert rules: ``promtool check rules``, ``promtool test rules`` with a firing and a resolving
-case per alert (``tests/fleet/alerts_test.yml``), and a runbook per alert in the README (issue 21).
+case per alert (``tests/fleet/alerts_test.yml``), the file as the default rendering of its template, annotations
+and tiers, and a runbook per alert in docs/operations.md.
 
 The promtool tests are skipped, with that reason, when promtool is not installed (Debian: ``apt-get install
-prometheus``; ``.ci/run`` installs it). The coverage and README checks run everywhere.
+prometheus``; ``.ci/run`` installs it). The coverage and runbook checks run everywhere.
 """
 
 import os
@@ -13,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from comfy_memx import fleet
+from comfy_memx.cli import fleet as fleet_cli
+from comfy_memx.fleet import rules
 from bench.harness import prom
 from fleet_queries import alert_names
 
@@ -47,7 +50,8 @@ def test_the_rules_file_passes_promtool_check():
     done = subprocess.run([promtool(), "check", "rules", fleet.rules_path()], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"SUCCESS: {len(alert_names())} rules found" in done.stdout
+    recorded = len(re.findall(r"^\s*- record: ", Path(fleet.rules_path()).read_text(encoding="utf-8"), re.M))
+    assert recorded >= 5 and f"SUCCESS: {len(alert_names()) + recorded} rules found" in done.stdout
 
 
 def test_promtool_unit_tests_pass():
@@ -77,12 +81,69 @@ def test_the_unit_tests_load_the_shipped_rules_file():
     assert source.read_bytes() == Path(fleet.rules_path()).read_bytes()
 
 
-def test_every_alert_has_a_runbook_in_the_readme():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split("\n## For fleets\n", 1)
-    assert len(section) == 2, "the README has no 'For fleets' section"
+def rule_blocks():
+    """``{alertname: its text in the shipped rules file}``."""
+    text = Path(fleet.rules_path()).read_text(encoding="utf-8")
+    blocks = re.split(r"^\s*- alert: ", text, flags=re.M)[1:]
+    return {block.split("\n", 1)[0].strip(): block.split("\n\n", 1)[0] for block in blocks}
+
+
+def test_every_alert_has_a_runbook_in_the_operations_page():
+    page = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    section = page.split("\n## Fleets\n", 1)
+    assert len(section) == 2, "docs/operations.md has no 'Fleets' section"
     body = section[1].split("\n## ", 1)[0]
-    rules = Path(fleet.rules_path()).read_text(encoding="utf-8")
-    for name in alert_names():
-        assert f"**{name}**" in body, f"no runbook for {name} in the README's For fleets section"
-        assert f'runbook: "comfy_memx README, For fleets: {name}"' in rules, name
+    for name in alert_names():   # each runbook_url's anchor is the alert's name in lower case
+        assert f"\n#### {name}\n" in body, f"no runbook heading for {name} in docs/operations.md's Fleets section"
+
+
+def test_every_alert_has_a_summary_a_description_a_runbook_url_and_a_tier():
+    blocks = rule_blocks()
+    assert set(blocks) == set(alert_names())
+    tiers = {}
+    for name, block in blocks.items():
+        for annotation in ("summary", "description"):
+            assert re.search(rf'^\s+{annotation}: "[^"]+', block, re.M), (name, annotation)
+        assert f'runbook_url: "{rules.RUNBOOK_BASE}#{name.lower()}"' in block, name
+        [tier] = re.findall(r"^\s+severity: (\w+)$", block, re.M)
+        tiers.setdefault(tier, []).append(name)
+    assert set(tiers) == {"warning", "critical"}, tiers
+    assert {"ComfyMemxLeakedMemoryCritical", "ComfyMemxRSSNearHostMemory"} <= set(tiers["critical"])
+
+
+def test_the_shipped_rules_file_is_the_default_rendering(capsys):
+    shipped = Path(fleet.rules_path()).read_text(encoding="utf-8")
+    assert rules.render() == shipped
+    assert fleet_cli.main(["--rules"]) == 0
+    assert capsys.readouterr().out == shipped
+
+
+def test_a_rendering_selects_the_given_job_links_the_given_runbooks_and_keeps_thresholds_in_one_place(capsys):
+    assert fleet_cli.main(["--rules", "--job-selector", 'job="gpu-box"', "--runbook-base",
+                           "https://ops.example/memx.md", "--set", "leak_package_fraction=0.1",
+                           "--set", "rss_window=6h"]) == 0
+    text = capsys.readouterr().out
+    assert "comfyui.*" not in text and text.count('{job="gpu-box"') >= 20
+    assert text.count("runbook_url: \"https://ops.example/memx.md#comfymemx") == len(alert_names())
+    assert "comfy_memx:leaked_bytes:host_fraction > 0.1\n" in text and "more than 10 % of the memory" in text
+    assert "deriv(comfy_memx:rss_unexplained_bytes[6h])" in text and "> 25200)" in text   # 6h + 1h warm-up
+    shipped = Path(fleet.rules_path()).read_text(encoding="utf-8")
+    assert "comfy_memx:leaked_bytes:host_fraction > 0.02\n" in shipped and "> 14400)" in shipped
+
+
+@pytest.mark.parametrize("argv", [["--set", "bogus=1"], ["--set", "leak_total_fraction=2"],
+                                  ["--set", "rss_window=3 hours"], ["--set", "reload_seconds"],
+                                  ["--job-selector", "{job=\"x\"}"]])
+def test_bad_rendering_options_are_refused_with_the_reason(argv, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        fleet_cli.main(["--rules", *argv])
+    assert stopped.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+def test_a_custom_rendering_passes_promtool(tmp_path, capsys):
+    tool = promtool()
+    assert fleet_cli.main(["--rules", "--job-selector", 'job="gpu-box"', "--set", "rss_warmup=30m"]) == 0
+    path = tmp_path / "rules.yml"
+    path.write_text(capsys.readouterr().out, encoding="utf-8")
+    done = subprocess.run([tool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -454,7 +454,7 @@ def test_safe_repr_never_raises_and_truncates():
     assert "repr raised TypeError" in safe_repr(NotAString())
 
 
-# --- the forward probe (issue 12): same chains, found without a heap scan when the packages own them -----------
+# --- the forward probe: same chains, found without a heap scan when the packages own them -----------
 
 def triples(report):
     return sorted((chain.path, chain.package, chain.root_kind) for chain in report.chains)

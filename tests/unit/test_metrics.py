@@ -51,13 +51,15 @@ def exposition(events=EVENTS, rows=ROWS, pins=None):
 
 def test_every_name_has_the_prefix_and_the_documented_labels():
     samples = exposition()
-    assert samples and all(name.startswith("comfy_memx_") for name, _ in samples)
+    # every name has the prefix but the process collector's standard process_* ones (process_start_time_seconds)
+    assert samples and all(name.startswith(("comfy_memx_", "process_")) for name, _ in samples)
+    assert any(name.startswith("comfy_memx_") for name, _ in samples)
     labels = {}
     for name, pairs in samples:
         labels.setdefault(name, set()).add(tuple(k for k, _ in pairs))
     assert labels["comfy_memx_loaded_bytes"] == {("device",)}
-    assert labels["comfy_memx_model_loaded_bytes"] == {("device", "model", "model_id", "package")}
-    assert labels["comfy_memx_model_bytes"] == {("model", "model_id", "package", "state")}
+    assert labels["comfy_memx_model_loaded_bytes"] == {("device", "model", "package")}
+    assert labels["comfy_memx_model_bytes"] == {("model", "package", "state")}
     assert labels["comfy_memx_pinned_bytes"] == {()}
     assert labels["comfy_memx_pin_cap_bytes"] == {("source",)}
     assert labels["comfy_memx_loads_total"] == labels["comfy_memx_load_bytes_total"] == {("package",)}
@@ -76,9 +78,8 @@ def test_values_follow_the_events_and_the_state():
     s = exposition()
     assert s[("comfy_memx_loaded_bytes", (("device", "cuda:0"),))] == 650
     assert s[("comfy_memx_loaded_bytes", (("device", "cpu"),))] == 0
-    assert s[("comfy_memx_model_loaded_bytes", (("device", "cuda:0"), ("model", "SDXL"), ("model_id", "SDXL#1"),
-                                                ("package", "leaky_pack")))] == 600
-    assert s[("comfy_memx_model_bytes", (("model", "Leaky"), ("model_id", "Leaky#1"), ("package", "leaky_pack"),
+    assert s[("comfy_memx_model_loaded_bytes", (("device", "cuda:0"), ("model", "SDXL"), ("package", "leaky_pack")))] == 600
+    assert s[("comfy_memx_model_bytes", (("model", "Leaky"), ("package", "leaky_pack"),
                                          ("state", "leaked")))] == 70
     assert s[("comfy_memx_pinned_bytes", ())] == 123
     assert s[("comfy_memx_pin_cap_bytes", (("source", "comfy_memx"),))] == 1000
@@ -107,8 +108,8 @@ def test_gauges_drop_models_that_are_gone_and_unknown_caps_are_absent():
     first = samples_of(m.exposition()[0].decode())
     rows.pop(0)
     second = samples_of(m.exposition()[0].decode())
-    assert any(labels and ("model_id", "SDXL#1") in labels for _, labels in first)
-    assert not any(labels and ("model_id", "SDXL#1") in labels for _, labels in second)
+    assert any(labels and ("model", "SDXL") in labels for _, labels in first)
+    assert not any(labels and ("model", "SDXL") in labels for _, labels in second)
     assert not [key for key in second if key[0] == "comfy_memx_pin_cap_bytes"]
 
 

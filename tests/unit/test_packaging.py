@@ -47,7 +47,7 @@ def test_the_wheel_holds_every_module_of_the_source_tree_and_nothing_else(wheel)
     shipped = {name for name in names if name.endswith(".py")}
     assert shipped == source_modules()
     assert "comfy_memx.pth" in names
-    assert {"comfy_memx/fleet/alerts.yml", "comfy_memx/fleet/dashboard.json"} <= names  # data files (issue 21)
+    assert {"comfy_memx/fleet/alerts.yml", "comfy_memx/fleet/dashboard.json"} <= names  # data files (fleets)
     assert {"comfy_memx/web/memx_panel.js", "comfy_memx/web/memx_core.js", "comfy_memx/web/page.html"} <= names
     assert not any(name.startswith(("tests/", "patches/", "bench/")) for name in names)
 

@@ -1,4 +1,4 @@
-"""Offline checks of bench/soak.py (no ComfyUI server): argument errors, statistics, log and event-log scanning,
+"""Offline checks of bench.soak (no ComfyUI server): argument errors, statistics, log and event-log scanning,
 the workload against the node pack and the default workflow, survivor and census verdicts, targets, and the
 leaking pack's two leak patterns against a stubbed ``comfy``."""
 

@@ -1,6 +1,6 @@
-"""A leaking ComfyUI node pack for ``bench/soak.py``: about six small models kept alive on purpose.
+"""A leaking ComfyUI node pack for ``bench.soak``: about six small models kept alive on purpose.
 
-``bench/soak.py`` copies this folder into the ``custom_nodes/`` of each server it starts. The pack keeps its
+``bench.soak`` copies this folder into the ``custom_nodes/`` of each server it starts. The pack keeps its
 models alive the two ways that real custom nodes leak (``../shared/seeds/003``):
 
 * ``MemxSoakCachedLoader`` keeps every torch module it builds in a class-level weight cache (``_cache = {}`` on

@@ -1,4 +1,4 @@
-"""A ComfyUI node pack that unloads models the ways third-party "free VRAM" packs do (issue 13's real-tree test).
+"""A ComfyUI node pack that unloads models the ways third-party "free VRAM" packs do (for the real-tree test of unload causes).
 
 ``tests/real/test_real_comfyui.py`` copies this folder into the ``custom_nodes/`` of a server's base directory, so the
 package comfy_memx names for these nodes is this folder's name, ``memx_unload_nodes``. Each node takes any value,

@@ -185,7 +185,7 @@ def _find_holders(target, skipped, budget_s, probe_budget_s, options):
     The target is held by this frame and by :func:`_probe`'s while the probe runs (the two references it is told
     are the search's own, ``held_by_caller=2``) and in the stages' own containers, all emptied before returning.
     A change here that holds the target in one more local, or passes it down one more call, must change that
-    number (tests/test_holders.py fails loudly: every probe then falls back to the backward search).
+    number (tests/unit/test_holders.py fails loudly: every probe then falls back to the backward search).
     """
     started = time.perf_counter()
     budget = Budget(budget_s)
