@@ -9,6 +9,11 @@ Each round times ``number`` direct calls, ``number`` calls through the wrapper, 
 (order rotated every round).  The added cost is the median over rounds of (wrapped - direct) per call; the second
 direct timing gives the resolution of that difference (bench/common.py :func:`common.difference_record`): a cost
 not above it is reported as ``< upper bound``, never as a negative number.  Target: <= 0.6 us per call.
+The wings' subscriptions are loaded first, as the bootstrap does, so each wrapper pays for its signals' subscribers.
+
+``dispatch_added_us`` is what one signal costs over the guarded direct call it replaces (``try: f(x) except
+Exception: internal_error``), for one subscriber and one argument: the figure that decides whether the per-layer pin
+path may dispatch (it may not when the dispatch costs over 0.1 us per call).
 """
 
 import os
@@ -35,11 +40,40 @@ def _method_noop(self, *args, **kwargs):
     return None
 
 
+def _guarded_direct(fn):
+    from comfy_memx.core.errors import internal_error
+
+    def call(value):
+        try:
+            fn(value)
+        except Exception as exc:
+            internal_error("bench", exc)
+    return call
+
+
+def dispatch_records(number, rounds):
+    """Records ``{"case": "overhead", "metric": "dispatch_added_us"}``: one ``Signal.fire`` with one subscriber over
+    the guarded direct call of the same function."""
+    from comfy_memx.core.signals import Signal
+    signal = Signal("bench", "one no-op subscriber")
+    signal.subscribe(_noop)
+    guarded = _guarded_direct(_noop)
+    direct = timeit.Timer(lambda: guarded(1))
+    fired = timeit.Timer(lambda: signal.fire(1))
+    times = common.interleaved({"direct": lambda: direct.timeit(number), "fired": lambda: fired.timeit(number),
+                                "direct_again": lambda: direct.timeit(number)}, rounds)
+    return [common.difference_record("overhead", "dispatch_added_us", times["fired"], times["direct"],
+                                     times["direct_again"], per=number, site="one subscriber", target_max=0.1)]
+
+
 def run(quick=False):
-    """Records ``{"case": "overhead", "metric": "wrapper_added_us", "site": ...}`` for each wrapped site."""
+    """Records ``{"case": "overhead", "metric": "wrapper_added_us", "site": ...}`` for each wrapped site, and the
+    dispatch record."""
+    from comfy_memx.core import registry
     from comfy_memx.core.state import STATE
     from comfy_memx.core.wrapping import Switch
     from comfy_memx.patches import model_management as patch
+    registry.load_subscriptions()
     mm = types.SimpleNamespace(current_loaded_models=[])
     STATE.reset()
     number = 20000 if quick else 200000
@@ -60,7 +94,7 @@ def run(quick=False):
         records.append(common.difference_record(
             "overhead", "wrapper_added_us", times["wrapped"], times["direct"], times["direct_again"], per=number,
             site=site, target_max=TARGET_US))
-    return records
+    return records + dispatch_records(number, rounds)
 
 
 if __name__ == "__main__":

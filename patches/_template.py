@@ -1,25 +1,26 @@
 """Template of a comfy_memx patch module (copy this shape; the contract is in ``comfy_memx.core.patching``).
 
-What it wraps and why, which ComfyUI versions were checked, which fronts it calls and which settings change it go
-in this docstring.  A patch module holds its sites, their wrappers and one front call per event: the bookkeeping
-itself lives in the wing (``comfy_memx.<wing>.api``), never here.
+What it wraps and why, which ComfyUI versions were checked, which signals it fires and which settings change it go
+in this docstring.  A patch module holds its sites and their wrappers, and each wrapper fires one signal of
+``comfy_memx.core.signals`` per phase of its ComfyUI event: it imports only ``comfy_memx.core``, and the
+bookkeeping itself lives in the wings that subscribe (``comfy_memx/<wing>/subscriptions.py``), never here.
 """
 
-from comfy_memx.core.errors import internal_error
+import sys
+
+from comfy_memx.core import signals
 from comfy_memx.core.patching import Patch
-from comfy_memx.ledger import api as ledger
 
 
 def _memx_some_function(module, original, switch):
     def some_function(*args, **kwargs):
         if not switch.on:
             return original(*args, **kwargs)
-        result = original(*args, **kwargs)
+        signals.some_starting.fire(module, sys._getframe(1))   # one signal per phase; the guard is fire's
         try:
-            ledger.some_event(args, kwargs, result)  # one front call per event
-        except Exception as exc:
-            internal_error("some bookkeeping", exc)
-        return result
+            return original(*args, **kwargs)
+        finally:
+            signals.some_ended.fire(module)
     return some_function
 
 

@@ -9,50 +9,30 @@ Sites:
   synchronously);
 * ``get_output_data`` (one node's run, 0.3.64, 0.27.0 and 0.33.0): entries that the node removed from
   ``current_loaded_models`` behind ComfyUI's back (no unload reported) become unloads of reason ``dropped``
-  asked for by that node (``comfy_memx.ledger.api.node_ended``); costs a weakref snapshot of the few loaded
+  asked for by that node (the ledger's ``node_ended``); costs a weakref snapshot of the few loaded
   entries per node, nothing when none is loaded;
 * ``PromptQueue.set_flag`` / ``PromptQueue.get_flags`` and ``PromptExecutor.reset``: follow a ``/memx/free`` request
-  to the worker run that reads its flags and through that run's cache reset (``comfy_memx.surface.freeing``).
-  With no request waiting they only check one attribute.  # COMFY: ``PromptQueue.mutex`` is an ``RLock`` that
+  to the worker run that reads its flags and through that run's cache reset (the surface's free-request desk).
+  With no request waiting their subscribers only check one attribute.  # COMFY: ``PromptQueue.mutex`` is an ``RLock`` that
   ``set_flag`` and ``get_flags`` take (0.3.64, 0.27.0, 0.33.0); the ``get_flags`` wrapper holds it around the call.
 
-Fronts called: ``comfy_memx.ledger.api`` (prompts, nodes, who set a free flag), ``comfy_memx.sharing.api``
-(activity, for the idle unload), ``comfy_memx.surface.api`` (the free-request desk).
+Signals fired (``comfy_memx.core.signals``): ``prompt_started``/``prompt_ended``, ``node_starting``/``node_ended``,
+``free_flag_set``, ``flags_served``, ``cache_reset``; core (the replaced-wrapper audit), the ledger (prompts, nodes,
+who set a free flag), sharing (activity, for the idle unload) and the surface (the free-request desk) subscribe.
 Settings: ``COMFY_MEMX_DISABLE=execution`` (no class_type in owners; ``/memx/free`` cannot follow the worker).
 """
 
 import inspect
 import sys
 
-from comfy_memx.core import registry
-from comfy_memx.core.errors import internal_error
+from comfy_memx.core import signals
 from comfy_memx.core.patching import Patch
-from comfy_memx.ledger import api as ledger
-from comfy_memx.sharing import api as sharing
-from comfy_memx.surface import api as surface
 
 
 def _prompt_arguments(args, kwargs):
     prompt = args[0] if args else kwargs.get("prompt")
     prompt_id = args[1] if len(args) > 1 else kwargs.get("prompt_id")
-    return prompt, prompt_id
-
-
-def _audit_sites():
-    try:
-        registry.audit()
-    except Exception as exc:
-        internal_error("replaced-wrapper audit", exc)
-
-
-def _begin(args, kwargs):
-    _audit_sites()
-    try:
-        prompt, prompt_id = _prompt_arguments(args, kwargs)
-        ledger.prompt_started(prompt_id, prompt)
-        sharing.prompt_started()
-    except Exception as exc:
-        internal_error("prompt attribution", exc)
+    return prompt_id, prompt
 
 
 def _memx_execute_async(module, original, switch):
@@ -60,23 +40,21 @@ def _memx_execute_async(module, original, switch):
         async def execute_async(self, *args, **kwargs):
             if not switch.on:
                 return await original(self, *args, **kwargs)
-            _begin(args, kwargs)
+            signals.prompt_started.fire(*_prompt_arguments(args, kwargs))
             try:
                 return await original(self, *args, **kwargs)
             finally:
-                ledger.prompt_ended()
-                sharing.prompt_ended()
+                signals.prompt_ended.fire()
         return execute_async
 
     def execute_async_sync(self, *args, **kwargs):
         if not switch.on:
             return original(self, *args, **kwargs)
-        _begin(args, kwargs)
+        signals.prompt_started.fire(*_prompt_arguments(args, kwargs))
         try:
             return original(self, *args, **kwargs)
         finally:
-            ledger.prompt_ended()
-            sharing.prompt_ended()
+            signals.prompt_ended.fire()
     return execute_async_sync
 
 
@@ -89,56 +67,32 @@ def _node_arguments(args, kwargs):
 
 
 def _memx_get_output_data(module, original, switch):
-    def watch(args, kwargs):
-        mm = sys.modules.get("comfy.model_management")
-        try:
-            snapshot = ledger.node_starting(mm)
-            return (mm, snapshot) if snapshot is not None else None
-        except Exception as exc:
-            internal_error("dropped-entry tracking", exc)
-            return None
-
-    def settle(watched, args, kwargs):
-        _audit_sites()   # a node may have replaced one of our sites (ComfyUI-MultiGPU does, from its loaders)
-        if watched is None:
-            return
-        try:
-            mm, snapshot = watched
-            ledger.node_ended(mm, snapshot, *_node_arguments(args, kwargs))
-        except Exception as exc:
-            internal_error("dropped-entry tracking", exc)
-
     if inspect.iscoroutinefunction(original):
         async def get_output_data(*args, **kwargs):
             if not switch.on:
                 return await original(*args, **kwargs)
-            watched = watch(args, kwargs)
+            signals.node_starting.fire(*_node_arguments(args, kwargs))
             try:
                 return await original(*args, **kwargs)
             finally:
-                settle(watched, args, kwargs)
+                signals.node_ended.fire(*_node_arguments(args, kwargs))
         return get_output_data
 
     def get_output_data_sync(*args, **kwargs):
         if not switch.on:
             return original(*args, **kwargs)
-        watched = watch(args, kwargs)
+        signals.node_starting.fire(*_node_arguments(args, kwargs))
         try:
             return original(*args, **kwargs)
         finally:
-            settle(watched, args, kwargs)
+            signals.node_ended.fire(*_node_arguments(args, kwargs))
     return get_output_data_sync
 
 
 def _memx_set_flag(module, original, switch):
     def set_flag(self, *args, **kwargs):
         if switch.on:
-            try:
-                name = args[0] if args else kwargs.get("name")
-                surface.flag_set(self, name)
-                ledger.flag_set(name, sys._getframe(1))
-            except Exception as exc:
-                internal_error("free flag tracking", exc)
+            signals.free_flag_set.fire(self, args[0] if args else kwargs.get("name"), sys._getframe(1))
         return original(self, *args, **kwargs)
     return set_flag
 
@@ -147,11 +101,14 @@ def _memx_get_flags(module, original, switch):
     def get_flags(self, *args, **kwargs):
         if not switch.on:
             return original(self, *args, **kwargs)
-        flags = surface.read_flags(self, original, args, kwargs)
-        try:
-            ledger.flags_served(flags)
-        except Exception as exc:
-            internal_error("free flag tracking", exc)
+        mutex = getattr(self, "mutex", None)
+        if mutex is None:
+            flags = original(self, *args, **kwargs)
+            signals.flags_served.fire(self, flags, args[0] if args else kwargs.get("reset", True))
+            return flags
+        with mutex:   # the subscribers see the flags at the moment they were read: no set_flag slips between
+            flags = original(self, *args, **kwargs)
+            signals.flags_served.fire(self, flags, args[0] if args else kwargs.get("reset", True))
         return flags
     return get_flags
 
@@ -160,10 +117,7 @@ def _memx_reset(module, original, switch):
     def reset(self, *args, **kwargs):
         result = original(self, *args, **kwargs)
         if switch.on:
-            try:
-                surface.reset_ended()
-            except Exception as exc:
-                internal_error("free request tracking", exc)
+            signals.cache_reset.fire(self)
         return result
     return reset
 

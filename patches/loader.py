@@ -5,7 +5,8 @@ present, every call records ``file`` (basename), ``format`` (``safetensors`` for
 ``pickle`` for what ``torch.load`` returned as a dict, else ``other``), ``bytes``, ``tensors``, ``device``,
 ``seconds``, ``gb_per_s``, ``lazy`` and ``owner`` (as in the ledger).
 
-The event's fields, and why they cost what they cost, are ``comfy_memx.ledger.fileloads``'s.  With no event
+Fires ``file_loaded`` (``comfy_memx.core.signals``); the event's fields, and why they cost what they cost, are
+``comfy_memx.ledger.fileloads``'s.  With no event
 listener the wrapper checks that and calls through.
 
 Checked against ComfyUI 0.3.64 and 0.27.0 (both ``load_torch_file(ckpt, safe_load=False, device=None,
@@ -21,10 +22,9 @@ Settings: ``COMFY_MEMX_EVENTS`` (no listener: no event work), ``COMFY_MEMX_DISAB
 import sys
 from time import perf_counter
 
-from comfy_memx.core.errors import internal_error
+from comfy_memx.core import signals
 from comfy_memx.core.patching import Patch
 from comfy_memx.core.state import STATE
-from comfy_memx.ledger import api as ledger
 
 
 def _memx_load_torch_file(utils, original, switch):
@@ -33,11 +33,7 @@ def _memx_load_torch_file(utils, original, switch):
             return original(*args, **kwargs)
         start = perf_counter()
         result = original(*args, **kwargs)
-        seconds = perf_counter() - start
-        try:
-            ledger.file_loaded(utils, args, kwargs, result, seconds, sys._getframe(1))
-        except Exception as exc:
-            internal_error("file load accounting", exc)
+        signals.file_loaded.fire(utils, args, kwargs, result, perf_counter() - start, sys._getframe(1))
         return result
     return load_torch_file
 

@@ -7,71 +7,45 @@ full, refcounts), ``free_memory`` / ``unload_all_models`` / ``unload_model_and_c
 ``free_memory``, no ``unload_model_and_clones``) and 0.27.0 (6 parameters); every call site in ComfyUI goes through
 the module attribute, so a module ``setattr`` also catches calls made inside the module.
 # COMFY: ``cast_to`` is deliberately not wrapped: hook_breaker_ac10a0 restores it after custom nodes load.
-Fronts called: ``comfy_memx.ledger.api``, ``comfy_memx.leaks.api``, ``comfy_memx.pins.api`` (an unload settles the
-pin budget), ``comfy_memx.sharing.api`` (a load short of room asks idle peers first).
+Signals fired (``comfy_memx.core.signals``): ``load_starting``/``load_ended``, ``model_loading``/``model_loaded``,
+``model_unloading``/``model_unloaded``, ``unload_scope_entered``/``unload_scope_exited``,
+``collect_starting``/``collect_ended``, ``model_management_patched``; the ledger, leaks, pins and sharing wings
+subscribe to them (their ``subscriptions.py``).
 Settings: ``COMFY_MEMX_LEAK_MODE`` (off disables the cleanup_models_gc work), ``COMFY_MEMX_DISABLE=model_management``.
 """
 
-import functools
 import sys
 from time import perf_counter
 
-from comfy_memx.core import registry
-from comfy_memx.core.errors import internal_error
+from comfy_memx.core import signals
 from comfy_memx.core.patching import Patch
-from comfy_memx.core.state import STATE
-from comfy_memx.leaks import api as leaks
-from comfy_memx.ledger import api as ledger
-from comfy_memx.pins import api as pins
-from comfy_memx.sharing import api as sharing
+
+
+def _models(args, kwargs):
+    return args[0] if args else kwargs.get("models", ())
 
 
 def _memx_load_models_gpu(mm, original, switch):
-    announced = []  # the startup line is logged at the first load at the latest (announce() itself runs once)
-
     def load_models_gpu(*args, **kwargs):
         if not switch.on:
             return original(*args, **kwargs)
-        if not announced:
-            announced.append(True)
-            registry.announce()
-        # ComfyUI's own list object goes to the load call; no local of ours holds it (nor the models)
-        call = ledger.begin_load(mm, args[0] if args else kwargs.get("models", ()), sys._getframe(1))
-        try:
-            sharing.before_load(mm, call.models)
-        except Exception as exc:
-            internal_error("GPU hand-off", exc)
+        # ComfyUI's own list object goes to the subscribers; no local of ours holds it (nor the models)
+        signals.load_starting.fire(mm, _models(args, kwargs), sys._getframe(1))
         try:
             return original(*args, **kwargs)
         finally:
-            try:
-                ledger.end_load(mm, call)
-            except Exception as exc:
-                internal_error("clone-replacement accounting", exc)
+            signals.load_ended.fire(mm, _models(args, kwargs))
     return load_models_gpu
-
-
-def _bytes_before(entry, kind):
-    """ComfyUI's ``entry`` bytes on its device before its call (0 when reading them fails: our bug, logged)."""
-    try:
-        return ledger.loaded_size(entry)
-    except Exception as exc:
-        internal_error(kind, exc)
-        return 0
 
 
 def _memx_model_load(mm, original, switch):
     def model_load(self, *args, **kwargs):
         if not switch.on:
             return original(self, *args, **kwargs)
-        before = _bytes_before(self, "load accounting")
+        signals.model_loading.fire(self)
         start = perf_counter()
         result = original(self, *args, **kwargs)
-        seconds = perf_counter() - start
-        try:
-            ledger.note_model_load(self, before, seconds, sys._getframe(1))
-        except Exception as exc:
-            internal_error("load accounting", exc)
+        signals.model_loaded.fire(self, perf_counter() - start, sys._getframe(1))
         return result
     return model_load
 
@@ -80,76 +54,48 @@ def _memx_model_unload(mm, original, switch):
     def model_unload(self, *args, **kwargs):
         if not switch.on:
             return original(self, *args, **kwargs)
-        module_ref = self.real_model
-        before = _bytes_before(self, "unload accounting")
+        signals.model_unloading.fire(self)
         start = perf_counter()
         result = original(self, *args, **kwargs)
-        seconds = perf_counter() - start
-        try:
-            ledger.note_model_unload(self, module_ref, before, result is not False, seconds, sys._getframe(1))
-            if STATE.pin_budget_running:   # an unload may have released pins behind the budget's back
-                pins.settle()
-        except Exception as exc:
-            internal_error("unload accounting", exc)
+        signals.model_unloaded.fire(self, result, perf_counter() - start, sys._getframe(1))
         return result
     return model_unload
 
 
-def _unload_scope(original, switch, begin):
-    """A wrapper whose call is one unload scope, entered by ``begin(caller_frame)`` (its reason, who asked)."""
+def _unload_scope(mm, original, switch, site):
+    """A wrapper of ``site`` whose call is one unload scope: its subscribers choose the reason and note who asked."""
     def wrapper(*args, **kwargs):
         if not switch.on:
             return original(*args, **kwargs)
-        begin(sys._getframe(1))
+        signals.unload_scope_entered.fire(mm, site, sys._getframe(1))
         try:
             return original(*args, **kwargs)
         finally:
-            ledger.end_unload_scope()
+            signals.unload_scope_exited.fire(mm, site)
     return wrapper
 
 
 def _memx_free_memory(mm, original, switch):
-    """Unloads for ``memory_pressure`` unless an enclosing scope already chose a reason."""
-    return _unload_scope(original, switch, functools.partial(ledger.begin_unload_scope, "memory_pressure"))
-
-
-def _oom_test(mm):
-    if hasattr(mm, "is_oom"):
-        return mm.is_oom
-    oom_type = getattr(mm, "OOM_EXCEPTION", None)
-    return (lambda exc: isinstance(exc, oom_type)) if isinstance(oom_type, type) else None
+    return _unload_scope(mm, original, switch, "free_memory")
 
 
 def _memx_unload_all_models(mm, original, switch):
-    """Unloads for ``oom``, ``free_request`` (ComfyUI's worker) or ``unload_all``."""
-    oom_test = _oom_test(mm)
-    return _unload_scope(original, switch, lambda caller_frame: ledger.begin_unload_all(caller_frame, oom_test))
+    return _unload_scope(mm, original, switch, "unload_all_models")
 
 
 def _memx_unload_model_and_clones(mm, original, switch):
-    """Unloads for ``other`` unless an enclosing scope already chose a reason."""
-    return _unload_scope(original, switch, functools.partial(ledger.begin_unload_scope, "other"))
+    return _unload_scope(mm, original, switch, "unload_model_and_clones")
 
 
 def _memx_cleanup_models_gc(mm, original, switch):
     def cleanup_models_gc(*args, **kwargs):
-        if not switch.on or not mm.current_loaded_models or STATE.config.leak_mode == "off":
+        if not switch.on:
             return original(*args, **kwargs)
+        signals.collect_starting.fire(mm)
         try:
-            found = leaks.suspects(mm)
-            if found:
-                leaks.before_collect(found)
-        except Exception as exc:
-            internal_error("leak detection", exc)
-            found = []
-        if not found:
             return original(*args, **kwargs)
-        result = original(*args, **kwargs)
-        try:
-            leaks.after_collect(found)
-        except Exception as exc:
-            internal_error("leak report", exc)
-        return result
+        finally:
+            signals.collect_ended.fire(mm)
     return cleanup_models_gc
 
 
@@ -169,8 +115,8 @@ class ModelManagementPatch(Patch):
     }
 
     def adopt(self, module):
-        """Late activation: put the models ComfyUI already holds into the ledger (owner unknown)."""
-        ledger.adopt_loaded(module)
+        """Late activation: the models ComfyUI already holds are taken in (owner unknown)."""
+        signals.model_management_patched.fire(module)
 
 
 PATCH = ModelManagementPatch()

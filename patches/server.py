@@ -7,26 +7,21 @@ ours at the start of ``add_routes`` puts them on the same port, after every cust
 another pack serves is seen and left alone (comfy_memx's then lives at ``/memx/metrics`` only).  Checked against
 ComfyUI 0.3.64 (server.py :796) and 0.27.0 (:1202).  Patching also subscribes the Prometheus metrics to the event
 stream, so they count from the first load (``comfy_memx.surface.metrics``; off without prometheus_client).
-Fronts called: ``comfy_memx.surface.api`` (routes, metrics, the worker's unload) and ``comfy_memx.sharing.api``
-(its own hand-off routes, the idle unload and the hand-off registration, when configured).
+Signals fired (``comfy_memx.core.signals``): ``routes_adding``, ``server_patched``, ``server_unpatching``; the
+surface (routes, metrics, the worker's unload, which it offers to sharing) and sharing (its hand-off routes, the idle
+unload and the hand-off registration, when configured) subscribe.
 Settings: ``COMFY_MEMX_DISABLE=server`` (no routes, no metrics), ``COMFY_MEMX_LEAK_BUDGET`` (the holder search of
 each survivor in a /memx/free receipt).
 """
 
-from comfy_memx.core.errors import internal_error
+from comfy_memx.core import signals
 from comfy_memx.core.patching import Patch
-from comfy_memx.sharing import api as sharing
-from comfy_memx.surface import api as surface
 
 
 def _memx_add_routes(module, original, switch):
     def add_routes(self, *args, **kwargs):
         if switch.on:
-            try:
-                surface.serve(self)
-                sharing.serve(self, unload=surface.unload_now)
-            except Exception as exc:
-                internal_error("registering comfy_memx routes", exc)
+            signals.routes_adding.fire(self)
         return original(self, *args, **kwargs)
     return add_routes
 
@@ -40,14 +35,11 @@ class ServerPatch(Patch):
 
     def after_patch(self, module):
         """Start the metrics, so that they count from the first load."""
-        try:
-            surface.start_metrics()
-        except Exception as exc:
-            internal_error("starting comfy_memx metrics", exc)
+        signals.server_patched.fire(module)
 
     def before_unpatch(self, module):
         """Stop the metrics (routes already served stay until restart)."""
-        surface.stop_metrics()
+        signals.server_unpatching.fire(module)
 
 
 PATCH = ServerPatch()

@@ -1,4 +1,9 @@
-"""The one bootstrap that every entry point runs: parse the config, arm the post-import hooks, remember the source.
+"""The one bootstrap that every entry point runs: subscribe the wings, parse the config, arm the post-import hooks,
+remember the source.
+
+Order: every wing's ``subscriptions`` module is imported (``core.discovery`` finds them; each subscribes its
+handlers to ``core.signals``), then the patch modules, then the settings are parsed; patches are applied only by the
+post-import hooks armed last, so no ComfyUI event fires before every subscriber is in place.
 
   +--------------------------------------------------------------------------------------------+
   | Keep imports here minimal. NEVER import torch or any comfy.* module from this file (or from |
@@ -30,7 +35,7 @@ def bootstrap(source, environ=None):
     if STATE.source is not None:
         return STATE.config
     require_patches(config.PATCH_NAMES)
-    registry.load_patches()  # their wings register their setting checks and state fields before the parse
+    registry.load_patches()  # the wings subscribe to the signals and register their settings before the parse
     try:
         cfg = config.parse(environ)
     except ConfigError as exc:

@@ -1,5 +1,6 @@
-"""Which patch modules this installation has: the ``.py`` files of ``comfy_memx.patches``, found without importing
-them (the package itself is imported: in a checkout its ``__init__`` adds the top-level ``patches/`` to its path).
+"""Which patch modules and wing subscriptions this installation has: the ``.py`` files of ``comfy_memx.patches``
+(the package itself is imported: in a checkout its ``__init__`` adds the top-level ``patches/`` to its path; the
+modules are not), and the ``subscriptions.py`` of each ``comfy_memx`` subpackage (so core names no wing).
 
 Discovery must never silently find nothing: an installation that lost its patch modules (a wheel built without
 them, a checkout without its ``patches/`` folder) would otherwise run ComfyUI unpatched and say nothing.
@@ -35,6 +36,17 @@ def patch_names(folders=None):
             continue
         names.update(name[:-3] for name in entries if name.endswith(".py") and not name.startswith("_"))
     return tuple(sorted(names, key=lambda name: (name != FIRST, name)))
+
+
+def subscription_modules():
+    """``comfy_memx.<wing>.subscriptions`` for every subpackage of ``comfy_memx`` that has one, in name order (the
+    order their subscribers run in for a signal they share)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    names = set()
+    for entry in os.listdir(here):
+        if not entry.startswith(("_", ".")) and os.path.isfile(os.path.join(here, entry, "subscriptions.py")):
+            names.add(f"comfy_memx.{entry}.subscriptions")
+    return tuple(sorted(names))
 
 
 def require_patches(names):

@@ -13,9 +13,10 @@ import logging
 import sys
 
 from comfy_memx._version import __version__
-from comfy_memx.core import importhook, late, wrapping
+from comfy_memx.core import importhook, late, signals, wrapping
 from comfy_memx.core.comfyui import package_of_file
 from comfy_memx.core.config import PATCH_NAMES
+from comfy_memx.core.discovery import subscription_modules
 from comfy_memx.core.errors import PatchSkipped, internal_error
 from comfy_memx.core.state import STATE
 
@@ -42,8 +43,18 @@ def patch_of(name):
     return importlib.import_module(f"comfy_memx.patches.{name}").PATCH
 
 
+def load_subscriptions():
+    """Import every wing's ``subscriptions`` module (each subscribes its handlers to ``core.signals`` at import, and
+    its wing registers its setting checks and state fields); returns their names."""
+    names = subscription_modules()
+    for name in names:
+        importlib.import_module(name)
+    return names
+
+
 def load_patches():
-    """Import every patch module (and so the wings they call, which register with core); returns their PATCHes."""
+    """Import the wings' subscriptions, then every patch module; returns the PATCHes."""
+    load_subscriptions()
     return [patch_of(name) for name in PATCH_NAMES]
 
 
@@ -184,3 +195,22 @@ def announce(force=False):
         return
     patches.announced = True
     log.info(startup_line(__version__, STATE.source, STATE.config.leak_mode))
+
+
+@signals.load_starting.subscribe
+def _announce_at_first_load(mm, models, caller_frame):
+    """Programs that never import ``server`` get the startup line at their first model load."""
+    announce()
+
+
+@signals.prompt_started.subscribe
+def _audit_at_prompt_start(prompt_id, prompt):
+    """Notice replaced wrappers before a prompt runs (see :func:`audit`)."""
+    audit()
+
+
+@signals.node_ended.subscribe
+def _audit_after_node(prompt_id, node_id, node):
+    """Notice replaced wrappers after each node: a node may have replaced a site (ComfyUI-MultiGPU does, from its
+    loaders)."""
+    audit()

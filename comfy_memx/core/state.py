@@ -2,11 +2,12 @@
 
 Kept in its own module (never in ``__main__``) so that the launcher, the startup hook and the patches all see one
 copy.  The fields every wrapper reads on ComfyUI's hot paths are plain attributes (``config``, ``events``,
-``stacks`` (this thread's calls in progress), ``pin_budget_running``, and ``ledger``, which the ledger wing
-registers with :meth:`ProcessState.register`); each feature keeps the rest of its state in a *part*, an object of
+``stacks`` (this thread's calls in progress), and ``ledger``, which the ledger wing registers with
+:meth:`ProcessState.register`: a part lookup on every load and unload would cost more than the attribute read);
+each feature keeps the rest of its state in a *part*, an object of
 its own class created on first use by :meth:`ProcessState.part` and dropped (after its ``close()``, if it has one)
 by :meth:`ProcessState.reset`.  So core code never imports the features, and a test resets all of comfy_memx with
-one call.
+one call.  STATE holds data only: who reacts to which ComfyUI event is ``comfy_memx.core.signals``'s business.
 """
 
 import threading
@@ -20,12 +21,15 @@ from comfy_memx.core.events import EventLog
 class ThreadStacks(threading.local):
     """This thread's calls in progress, innermost last: ``loads`` (one ``ledger.accounting.LoadCall`` per
     ``load_models_gpu`` call: the models it loads, who called it, what it unloaded) and ``unload_reasons`` (one
-    ``(reason, frame)`` per unload scope: ``free_memory``, ``unload_all_models``...).  The wrappers push and pop
-    them; the pin budget reads ``loads`` to spare the load in progress."""
+    ``(reason, frame)`` per unload scope: ``free_memory``, ``unload_all_models``...), and ``pending``: what the
+    "before" half of one call left for its "after" half, under a key the subscribing wing chooses (the bytes an
+    entry had before ``model_load``, a node's snapshot).  The wings' subscribers push and pop them; the pin budget
+    reads ``loads`` to spare the load in progress."""
 
     def __init__(self):
         self.loads = []
         self.unload_reasons = []
+        self.pending = {}
 
 
 class ProcessState:
@@ -51,9 +55,6 @@ class ProcessState:
         self.event_loops_without_io = weakref.WeakSet()   # loops that no event write may block (the server's)
         self.events = EventLog(avoided_loops=self.event_loops_without_io)
         self.stacks = ThreadStacks()
-        self.pin_budget_running = False   # an unload settles the pin budget (pins.session turns it on)
-        self.free_request_hooks = []  # callables(phase) told when the worker starts and ends a /free unload
-        self.unload_requesters = []   # callables(reason) -> requested_by dict or None, asked before the call stack
 
     def configure(self, cfg, activation_source):
         """Install ``cfg`` as the active config and open the event log it names."""

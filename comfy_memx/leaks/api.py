@@ -1,7 +1,7 @@
-"""The leak wing's one door: what the patch modules and the other wings call of it, so that its modules can move
-without touching a caller.
+"""The leak wing's one door: what its subscriptions (``leaks.subscriptions``) and the other wings call of it, so that
+its modules can move without touching a caller.
 
-For the patch modules (``patches/model_management.py``'s ``cleanup_models_gc``): :func:`suspects` (the loaded
+For its subscriptions (``cleanup_models_gc``): :func:`suspects` (the loaded
 entries whose patcher is gone while the module lives, before ComfyUI's collection), :func:`before_collect` and
 :func:`after_collect` (the report of the ones that survive it, then the ``auto`` release).
 

@@ -11,13 +11,15 @@ models being loaded (for memory-pressure causes, and for the pin budget, which s
 unloads seen during the call; the entries that the call dropped silently (a clone replacing its original) are
 reported when it returns.
 Nothing here walks the heap or a state dict: every figure is an attribute read that ComfyUI itself keeps.
-The outermost ``free_request`` scope is announced to ``STATE.free_request_hooks`` (``POST /memx/free`` follows it).
+The end of the outermost ``free_request`` scope fires ``signals.free_request_unload_ended`` (``POST /memx/free``
+follows it).
 """
 
 import sys
 import time
 import weakref
 
+from comfy_memx.core import signals
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.refs import external_refcount
 from comfy_memx.core.state import STATE
@@ -32,24 +34,15 @@ def push_reason(reason, keep_outer=False, frame=None):
     if stack:
         stack.append(stack[-1] if keep_outer else (reason, stack[-1][1]))
         return
-    if reason == "free_request" and STATE.free_request_hooks:
-        _announce_free_request("start")
     stack.append((reason, frame if frame is not None else sys._getframe(1)))
 
 
 def pop_reason():
-    """Leave the scope entered by the matching :func:`push_reason`."""
+    """Leave the scope entered by the matching :func:`push_reason` (nothing when no scope is open: its entry
+    failed, and that failure was reported)."""
     stack = STATE.stacks.unload_reasons
-    if stack.pop()[0] == "free_request" and not stack and STATE.free_request_hooks:
-        _announce_free_request("end")
-
-
-def _announce_free_request(phase):
-    for hook in list(STATE.free_request_hooks):
-        try:
-            hook(phase)
-        except Exception as exc:
-            internal_error("free-request hook", exc)
+    if stack and stack.pop()[0] == "free_request" and not stack:
+        signals.free_request_unload_ended.fire()
 
 
 class LoadCall:
@@ -65,20 +58,27 @@ class LoadCall:
 
 
 def begin_load(model_management, models, frame):
-    """A ``load_models_gpu(models)`` call called from ``frame`` begins: push its :class:`LoadCall` and return it."""
-    call = LoadCall(models, frame, loaded_entry_refs(model_management) if model_management.current_loaded_models
-                    else None)
+    """A ``load_models_gpu(models)`` call called from ``frame`` begins: push its :class:`LoadCall` (first, so that
+    :func:`end_load` finds it even when reading ComfyUI's entries fails) and return it."""
+    call = LoadCall(models, frame, None)
     STATE.stacks.loads.append(call)
+    if model_management.current_loaded_models:
+        call.before = loaded_entry_refs(model_management)
     return call
 
 
-def end_load(model_management, call):
-    """The call of :func:`begin_load` returned (or raised): report the entries it dropped silently, and pop it."""
+def end_load(model_management, models):
+    """The call of :func:`begin_load` for ``models`` (ComfyUI's list object) returned or raised: report the entries
+    it dropped silently, and pop it.  Nothing when the innermost call is another one (its begin failed)."""
+    loads = STATE.stacks.loads
+    if not loads or loads[-1].models is not models:
+        return
+    call = loads[-1]
     try:
         if call.before:
             _note_clone_replacements(model_management, call)
     finally:
-        STATE.stacks.loads.pop()
+        loads.pop()
 
 
 def current_load():

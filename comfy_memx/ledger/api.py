@@ -1,5 +1,5 @@
-"""The ledger's one door: what the patch modules (``patches/model_management.py``, ``patches/execution.py``,
-``patches/loader.py``) and the other wings call of it, so that moving code between the ledger's modules never
+"""The ledger's one door: what its subscriptions (``ledger.subscriptions``, which ComfyUI's events reach through
+``comfy_memx.core.signals``) and the other wings call of it, so that moving code between the ledger's modules never
 touches a caller.
 
 Loads: :func:`begin_load` / :func:`end_load` (one ``load_models_gpu`` call; the entries it dropped silently),

@@ -25,6 +25,7 @@ import collections
 import logging
 import sys
 
+from comfy_memx.core import signals
 from comfy_memx.core.state import STATE
 from comfy_memx.ledger import attribution
 
@@ -100,10 +101,9 @@ def _flag_setter():
 
 def requested_by(reason, frame, load_call):
     """Who asked for an unload of ``reason`` whose scope was entered from ``frame`` (see the module docstring)."""
-    for hook in list(STATE.unload_requesters):
-        found = hook(reason)
-        if found is not None:
-            return found
+    found = signals.unload_requester.ask(reason)
+    if found is not None:
+        return found
     if reason == "free_request":
         setter = _flag_setter()
         if setter is not None:

@@ -51,7 +51,6 @@ class PinSession:
     def close(self):
         """Drop the budget (giving a host-scope share back) and every record of pins; ComfyUI is not touched."""
         state, self.current = self.current, None
-        STATE.pin_budget_running = False
         self.local.__dict__.clear()
         self.deferred.clear()
         if state is not None and state.budget is not None:

@@ -48,7 +48,6 @@ def start(mm, host=None, available_ram=None, headroom_bytes=HEADROOM_BYTES, env_
                            scope=STATE.config.pin_scope, on_event=emit_event, describe=describe)
     session().current = State(mm, budget, cap, limit, host, getattr(mm, "MAX_PINNED_MEMORY", None), gauge)
     if budget is not None:
-        STATE.pin_budget_running = True
         reconcile.seed_preexisting(session().current)
     return cap
 

@@ -1,7 +1,7 @@
-"""The GPU-sharing wing's one door: what the patch modules call of it (``patches/server.py``,
-``patches/execution.py``, ``patches/model_management.py``), so that the wing's modules can move without touching a
-wrapper.  No other wing calls it, and it calls no other wing: its routes are built with the route kit
-(``comfy_memx.routekit``), and its unloads go through the function the server patch hands to :func:`serve`.
+"""The GPU-sharing wing's one door: what its subscriptions (``sharing.subscriptions``) call of it, so that the wing's
+modules can move without touching a subscription.  No other wing calls it, and it calls no other wing: its routes
+are built with the route kit (``comfy_memx.routekit``), and its unloads go through the function the surface offers
+when the server starts (the signal ``worker_unload_offered``).
 
 :func:`serve` (routes and services on ComfyUI's server), :func:`prompt_started` / :func:`prompt_ended` (activity),
 :func:`before_load` (ask idle peers for room before a load).
@@ -14,11 +14,10 @@ from comfy_memx.sharing import handoff, idle, routes, worker
 from comfy_memx.sharing.activity import prompt_ended, prompt_started  # noqa: F401
 
 
-def serve(server, unload):
+def serve(server):
     """Register this wing's routes on ComfyUI's ``server`` and start its services when configured: the idle unload
-    and the hand-off registration.  ``unload(queue, origin, timeout)`` is how it unloads through ComfyUI's worker
-    (the server patch passes the surface's, so the two wings do not import each other)."""
-    worker.use(unload)
+    and the hand-off registration.  How it unloads through ComfyUI's worker is offered by the surface
+    (``worker_unload_offered``, see ``sharing.subscriptions``), so the two wings do not import each other."""
     routes.register(server)
     idle.start(server.prompt_queue)
     cli_args = sys.modules.get("comfy.cli_args")
@@ -26,7 +25,7 @@ def serve(server, unload):
 
 
 def before_load(model_management, models):
-    """Called by the ``load_models_gpu`` wrapper before ComfyUI's call: with ``COMFY_MEMX_HANDOFF=host``, ask the
+    """Before ComfyUI's ``load_models_gpu`` call: with ``COMFY_MEMX_HANDOFF=host``, ask the
     idle peers on this device to unload when it is short of room for ``models``."""
     if STATE.config.handoff == "host":
         handoff.before_load(model_management, models)

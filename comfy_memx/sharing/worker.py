@@ -1,8 +1,8 @@
-"""How this wing unloads: through ComfyUI's prompt worker, by the function the server patch passes in.
+"""How this wing unloads: through ComfyUI's prompt worker, by the function the surface offers when the server starts.
 
 The idle unload and a hand-off to a peer unload exactly as ``POST /memx/free`` does (the flags and the worker's
 run, never an unload behind the worker's back).  That machinery is the surface's (``surface.freeing``); sharing
-does not import it but is handed it when the server starts (:func:`use`), so the two wings never lean on each other.
+does not import it but is handed it when the server starts (:func:`use`, subscribed to ``worker_unload_offered``), so the two wings never lean on each other.
 """
 
 from comfy_memx.core.errors import SetupError
@@ -19,7 +19,7 @@ class Worker:
 
 
 def use(unload):
-    """Unload through ``unload(queue, origin, timeout)`` from now on (the server patch passes surface's)."""
+    """Unload through ``unload(queue, origin, timeout)`` from now on (the surface offers its own)."""
     STATE.part(Worker).unload = unload
 
 

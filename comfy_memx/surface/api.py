@@ -1,13 +1,15 @@
-"""The production surface's one door: what the patch modules call of it (``patches/server.py``,
-``patches/execution.py``), one small front over routes, metrics and the free-request desk.  No other wing calls it;
-the surface reads the ledger, the leak wing and the pin wing through their own doors (their ``api`` modules).
+"""The production surface's one door: what its subscriptions (``surface.subscriptions``) call of it, one small front
+over routes, metrics and the free-request desk.  No other wing calls it; the surface reads the ledger, the leak wing
+and the pin wing through their own doors (their ``api`` modules).
 
-Server: :func:`serve`, :func:`start_metrics`, :func:`stop_metrics`, :func:`unload_now` (handed to the sharing
-wing).  Prompt worker (following a ``/memx/free``): :func:`flag_set`, :func:`read_flags`, :func:`reset_ended`.
+Server: :func:`serve`, :func:`start_metrics`, :func:`stop_metrics`, :func:`unload_now` (offered to the sharing
+wing).  Prompt worker (following a ``/memx/free``): :func:`flag_set`, :func:`flags_served`, :func:`reset_ended`,
+:func:`free_request_unload_ended`, :func:`requested_by`.
 """
 
 from comfy_memx.surface import metrics, routes
-from comfy_memx.surface.freeing import flag_set, read_flags, reset_ended, unload_now  # noqa: F401
+from comfy_memx.surface.freeing import (flag_set, flags_served, free_request_unload_ended,  # noqa: F401
+                                       requested_by, reset_ended, unload_now)
 
 
 def serve(server):

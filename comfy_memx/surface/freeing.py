@@ -242,19 +242,13 @@ def flag_set(queue, name):
             desk.external.add(name)
 
 
-def read_flags(queue, original, args, kwargs):
-    """Run ComfyUI's ``get_flags`` under the queue's mutex and give the waiting requests to the run it starts."""
+def flags_served(queue, flags, reset):
+    """ComfyUI's ``get_flags`` returned ``flags`` (the get_flags wrapper still holds the queue's mutex): when it
+    reset them, give the waiting requests to the run it starts."""
     desk = STATE.existing_part(FreeDesk)
-    if desk is None or not desk.pending:
-        return original(queue, *args, **kwargs)
-    with queue.mutex:
-        flags = original(queue, *args, **kwargs)
-        if args[0] if args else kwargs.get("reset", True):
-            try:
-                _start_run(desk, queue, flags)
-            except Exception as exc:
-                internal_error("free request tracking", exc)
-    return flags
+    if desk is None or not desk.pending or not reset:
+        return
+    _start_run(desk, queue, flags)
 
 
 def _start_run(desk, queue, flags):
@@ -284,11 +278,11 @@ def _my_run():
     return desk.runs.get(threading.get_ident()) if desk is not None else None
 
 
-def _on_free_phase(phase):
-    if phase == "end":
-        run = _my_run()
-        if run is not None:
-            run.unload_ended()
+def free_request_unload_ended():
+    """The worker's outermost ``free_request`` unload scope ended: its run moves on to the cache reset."""
+    run = _my_run()
+    if run is not None:
+        run.unload_ended()
 
 
 def _on_gc(phase, info):
@@ -314,7 +308,7 @@ def _on_event(event):
                             "bytes": event.get("bytes", 0), "device": event.get("device")})
 
 
-def _requested_by(reason):
+def requested_by(reason):
     """The requester of the unloads of a run that serves /memx/free requests (``ledger.causes`` asks this first)."""
     if reason != "free_request":
         return None
@@ -329,10 +323,6 @@ def _requested_by(reason):
 
 
 def _install(desk):
-    if _requested_by not in STATE.unload_requesters:
-        STATE.unload_requesters.append(_requested_by)
-    if _on_free_phase not in STATE.free_request_hooks:
-        STATE.free_request_hooks.append(_on_free_phase)
     if _on_gc not in gc.callbacks:
         gc.callbacks.append(_on_gc)
     if desk.events is not STATE.events:
@@ -343,10 +333,6 @@ def _install(desk):
 
 
 def _uninstall(desk):
-    if _requested_by in STATE.unload_requesters:
-        STATE.unload_requesters.remove(_requested_by)
-    if _on_free_phase in STATE.free_request_hooks:
-        STATE.free_request_hooks.remove(_on_free_phase)
     if _on_gc in gc.callbacks:
         gc.callbacks.remove(_on_gc)
     if desk.events is not None:

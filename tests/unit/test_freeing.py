@@ -13,6 +13,7 @@ import weakref
 from comfy_memx.core.state import STATE
 from comfy_memx.ledger import accounting
 from comfy_memx.surface import freeing
+from comfy_memx.surface import subscriptions  # noqa: F401  (the desk follows the worker through its signals)
 
 HELD = []
 
@@ -46,7 +47,10 @@ class Queue:
             return self.flags.copy()
 
     def get_flags(self, reset=True):
-        return freeing.read_flags(self, Queue._get_flags, (reset,), {})  # what the get_flags wrapper does
+        with self.mutex:   # what the get_flags wrapper does, with the surface's subscriber
+            flags = self._get_flags(reset)
+            freeing.flags_served(self, flags, reset)
+        return flags
 
     def get(self, timeout=None):
         with self.not_empty:
@@ -125,7 +129,7 @@ def test_a_request_is_served_by_the_run_that_reads_its_flags(monkeypatch):
         assert queue.flags == {}
     finally:
         freeing.end(ticket)
-    assert freeing._on_free_phase not in STATE.free_request_hooks and freeing._on_gc not in gc.callbacks
+    assert freeing._on_gc not in gc.callbacks
 
 
 def test_a_run_that_read_the_flags_just_before_the_request_is_not_its_own(monkeypatch):

@@ -39,6 +39,13 @@ ALLOWED = {
     ("surface", "pins"): "the read-model shows the pin budget",
 }
 
+# the patches fire core's signals and import only core; the per-layer pin path calls the pin budget directly
+# (a dispatch there costs more than the budget allows: bench/wrappers.py), and nothing else of a wing
+PATCH_DIRECT = {
+    ("comfy_memx.patches.pinned_memory", "comfy_memx.pins.api"): "the pin budget decides each tensor pin",
+    ("comfy_memx.patches.dynamic_pins", "comfy_memx.pins.api"): "... and each per-layer pin",
+}
+
 # the benches use core, the route kit, the patches, the command line, the entry modules and each wing's ``api``;
 # a bench that measures one inner part of a wing on its own names it here, with why
 BENCH_PARTS = {
@@ -190,6 +197,8 @@ def _problem(name, unit, rank, target):
     target_rank, target_unit = layer_of(target)
     if target_unit == unit:
         return None
+    if unit == "patches" and target_rank < rank and target_unit != "core" and (name, target) not in PATCH_DIRECT:
+        return f"imports {target} ({target_unit}): patches import only core (they fire core.signals)"
     if target_rank > rank:
         return f"climbs to {target} ({target_unit})"
     door = f"comfy_memx.{target_unit}.api"
@@ -294,7 +303,7 @@ def test_a_planted_sideways_import_between_wings_fails_unless_listed_and_through
 
 
 def test_imports_down_and_within_a_unit_pass():
-    sources = {"comfy_memx.patches.planted": ("a.py", "from comfy_memx.pins import cap\nimport comfy_memx.core.state\n"),
+    sources = {"comfy_memx.patches.planted": ("a.py", "from comfy_memx.core import signals\nimport comfy_memx.core.state\n"),
                "comfy_memx.ledger.planted": ("b.py", "from . import records\nfrom comfy_memx.core.state import STATE\n"),
                "comfy_memx.__main__": ("c.py", "from comfy_memx.cli.launcher import main\n"),
                "comfy_memx.sharing.planted2": ("d.py", "from comfy_memx.routekit import replies\n")}
@@ -413,3 +422,10 @@ def test_the_package_import_graph_has_no_circle():
         if node not in state:
             visit(node)
     assert circles == []
+
+
+def test_a_patch_importing_a_wing_fails():
+    source = '"""Planted."""\n\nfrom comfy_memx.ledger import records\n'
+    assert violations({"comfy_memx.patches.server": ("patches/server.py", source)}, KNOWN) == [
+        "patches/server.py:3: comfy_memx.patches.server (patches) imports comfy_memx.ledger.records (ledger): "
+        "patches import only core (they fire core.signals)"]
