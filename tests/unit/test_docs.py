@@ -22,12 +22,6 @@ DOTTED = re.compile(r"(?<![\w./-])((?:comfy_memx|bench)(?:\.\w+)+)(?::(\w+))?(?!
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 MAX_README_LINES = 250
 FILE_SUFFIXES = {"yml", "yaml", "json", "jsonl", "md", "txt", "png", "dot"}  # comfy_memx.yml: a file one writes
-AWAITING_MERGE = (
-    # Written for the guarded dispatch merged in parallel (core.signals, each wing's subscriptions.py, the
-    # fault-injection test).  Empty this once that branch is in.
-    "comfy_memx/core/signals.py", "/subscriptions.py", "tests/patches/test_fault_injection.py",
-    "comfy_memx.core.discovery.subscription_modules",
-)
 
 
 def test_configuration_reference_is_the_generators_output():
@@ -197,8 +191,7 @@ def missing_links(page):
 
 def test_every_path_and_name_in_the_docs_and_docstrings_exists():
     missing = [problem for where, text in texts()
-               for problem in (*missing_paths(where, text), *missing_names(where, text))
-               if not any(pending in problem.split(": ", 1)[1] for pending in AWAITING_MERGE)]
+               for problem in (*missing_paths(where, text), *missing_names(where, text))]
     assert missing == [], "\n".join(missing)
 
 
