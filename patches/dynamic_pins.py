@@ -30,25 +30,6 @@ from comfy_memx.core.patching import Patch
 from comfy_memx.pins import api as pins
 
 
-def _budgeted(mm):
-    """True when the pin budget decides for ``mm``; False when asking fails (our bug, logged once): ComfyUI then
-    decides alone, as without comfy_memx."""
-    try:
-        return pins.managing(mm)
-    except Exception as exc:
-        internal_error("pin budget", exc)
-        return False
-
-
-def _decision_lock():
-    """The lock of one pin decision at a time, or None when getting it fails (our bug, logged once)."""
-    try:
-        return pins.pin_lock()
-    except Exception as exc:
-        internal_error("pin budget", exc)
-        return None
-
-
 def _call_parts(args, kwargs):
     module = args[0] if args else kwargs["module"]
     subset = args[1] if len(args) > 1 else kwargs.get("subset", "weights")
@@ -58,9 +39,9 @@ def _call_parts(args, kwargs):
 def _memx_pin_memory(pm, original, switch):
     def pin_memory(*args, **kwargs):
         mm = sys.modules.get("comfy.model_management")
-        if not switch.on or mm is None or not _budgeted(mm):
+        if not switch.on or mm is None or not pins.budgeted(mm):
             return original(*args, **kwargs)
-        lock = _decision_lock()
+        lock = pins.decision_lock()
         if lock is None:
             return original(*args, **kwargs)
         with lock:
@@ -92,9 +73,9 @@ def _memx_get_pin(pm, original, switch):
         if pin is None or registered:
             return original(*args, **kwargs)
         mm = sys.modules.get("comfy.model_management")
-        if mm is None or not _budgeted(mm):
+        if mm is None or not pins.budgeted(mm):
             return original(*args, **kwargs)
-        lock = _decision_lock()
+        lock = pins.decision_lock()
         if lock is None:
             return original(*args, **kwargs)
         with lock:

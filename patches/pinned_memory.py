@@ -30,30 +30,11 @@ from comfy_memx.pins import api as pins
 log = logging.getLogger("comfy_memx")
 
 
-def _budgeted(mm):
-    """True when the pin budget decides for ``mm``; False when asking fails (our bug, logged once): ComfyUI then
-    decides alone, as without comfy_memx."""
-    try:
-        return pins.managing(mm)
-    except Exception as exc:
-        internal_error("pin budget", exc)
-        return False
-
-
-def _decision_lock():
-    """The lock of one pin decision at a time, or None when getting it fails (our bug, logged once)."""
-    try:
-        return pins.pin_lock()
-    except Exception as exc:
-        internal_error("pin budget", exc)
-        return None
-
-
 def _memx_pin_memory(mm, original, switch):
     def pin_memory(*args, **kwargs):
-        if not switch.on or not _budgeted(mm):
+        if not switch.on or not pins.budgeted(mm):
             return original(*args, **kwargs)
-        lock = _decision_lock()
+        lock = pins.decision_lock()
         if lock is None:
             return original(*args, **kwargs)
         with lock:
@@ -70,7 +51,7 @@ def _memx_pin_memory(mm, original, switch):
 
 def _memx_unpin_memory(mm, original, switch):
     def unpin_memory(*args, **kwargs):
-        if not switch.on or not _budgeted(mm):
+        if not switch.on or not pins.budgeted(mm):
             return original(*args, **kwargs)
         known = None
         try:
@@ -89,7 +70,7 @@ def _memx_unpin_memory(mm, original, switch):
 
 def _memx_pin_check(mm, original, switch):
     def pin_check(*args, **kwargs):
-        if switch.on and _budgeted(mm):
+        if switch.on and pins.budgeted(mm):
             try:
                 pins.note_pin_check()
             except Exception as exc:
@@ -124,7 +105,7 @@ def _mru_instead(mm, original, switch, parameters, defaults, reason, mru):
     most-recently-used walk that spares the load in progress) on the call's ``parameters``; otherwise, or when that
     fails, ComfyUI's own walk, booked as evictions of ``reason``."""
     def evict(*args, **kwargs):
-        if not switch.on or not _budgeted(mm):
+        if not switch.on or not pins.budgeted(mm):
             return original(*args, **kwargs)
         call = _arguments(args, kwargs, parameters, defaults) if pins.reorders_eviction(mm) else None
         if call is None:
@@ -149,7 +130,7 @@ def _memx_free_pins(mm, original, switch):
 
 def _memx_free_model_pins(mm, original, switch):
     def free_model_pins(*args, **kwargs):
-        if not switch.on or not _budgeted(mm):
+        if not switch.on or not pins.budgeted(mm):
             return original(*args, **kwargs)
         registrations = kwargs.get("registrations", args[4] if len(args) > 4 else False)
         return _booked(original, "cap" if registrations else "ram_pressure", args, kwargs)
@@ -158,7 +139,7 @@ def _memx_free_model_pins(mm, original, switch):
 
 def _memx_reset_cast_buffers(mm, original, switch):
     def reset_cast_buffers(*args, **kwargs):
-        if not switch.on or not _budgeted(mm):
+        if not switch.on or not pins.budgeted(mm):
             return original(*args, **kwargs)
         try:
             return original(*args, **kwargs)

@@ -60,3 +60,23 @@ def settle():
     state = current()
     if state is not None:
         reconcile.sync(state)
+
+
+def budgeted(mm):
+    """True when the pin budget decides for ``mm``; False when asking fails (our bug, logged once): ComfyUI then
+    decides alone, as without comfy_memx.  The pin patches' guarded form of :func:`managing`."""
+    try:
+        return managing(mm)
+    except Exception as exc:
+        internal_error("pin budget", exc)
+        return False
+
+
+def decision_lock():
+    """The lock of one pin decision at a time, or None when getting it fails (our bug, logged once).  The pin
+    patches' guarded form of :func:`pin_lock`."""
+    try:
+        return pin_lock()
+    except Exception as exc:
+        internal_error("pin budget", exc)
+        return None
