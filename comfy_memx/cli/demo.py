@@ -153,7 +153,7 @@ def main(argv):
         with open(path, encoding="utf-8") as f:
             events = [json.loads(line) for line in f]
         print_report(STATE, events)
-        _say(f"\n== {len(events)} events were written (JSON lines; see the README's Events section); with "
+        _say(f"\n== {len(events)} events were written (JSON lines; see docs/operations.md, Events); with "
              "COMFY_MEMX_EVENTS=path they go to a file you keep")
         del executor
         return 0
