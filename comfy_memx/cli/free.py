@@ -89,8 +89,7 @@ def format_receipt(receipt):
     if receipt.get("status") != "done":
         lines.append(f"not finished: {receipt.get('note') or 'the prompt worker did not finish freeing in time'}")
     freed = receipt.get("freed") or []
-    lines.append(f"freed {len(freed)} model(s): {format_bytes(receipt.get('freed_bytes'))} unloaded from devices, "
-                 f"{format_bytes(receipt.get('released_bytes'))} of them gone from memory")
+    lines.append(_freed_headline(receipt))
     if receipt.get("releases"):
         gone = [row for row in receipt["releases"] if row.get("died")]
         lines.append(f"released {len(gone)} leaked model(s): {format_bytes(receipt.get('release_bytes'))} given back "
@@ -115,6 +114,16 @@ def format_receipt(receipt):
     lines += _release_lines(receipt)
     lines += _memory_lines(receipt.get("memory"))
     return lines
+
+
+def _freed_headline(receipt):
+    """What the free gave back: only models whose memory is gone count as freed; a model unloaded from its device
+    that is still in RAM (every unload on ``--cpu``, or a survivor) counts as unloaded, never as freed."""
+    unloaded = receipt.get("freed") or []
+    gone = sum(1 for row in unloaded if row.get("released"))
+    kept = f", {len(unloaded) - gone} of them still in RAM" if len(unloaded) > gone else ""
+    return (f"freed {gone} model(s), {format_bytes(receipt.get('released_bytes'))} gone from memory; unloaded "
+            f"{len(unloaded)} model(s), {format_bytes(receipt.get('freed_bytes'))}, from their devices{kept}")
 
 
 def _survivor_lines(row):
