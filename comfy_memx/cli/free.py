@@ -59,19 +59,27 @@ def request_free(base_url, timeout, free_memory=True, token=None, release=False)
     except urllib.error.HTTPError as error:
         status, raw = error.code, error.read()
         if status == 404:
-            raise Unreachable(f"{url} answered 404: comfy_memx is not active in that ComfyUI "
-                              "(start it with python -m comfy_memx main.py, or COMFY_MEMX=1)") from None
+            raise Unreachable(_no_memx_routes(url, "answered 404")) from None
     except (urllib.error.URLError, OSError) as error:
         reason = getattr(error, "reason", error)
         raise Unreachable(f"cannot reach {url}: {reason}") from None
     try:
         receipt = json.loads(raw.decode("utf-8", "replace"))
     except ValueError:
-        raise Unreachable(f"{url} answered {status} with something that is not JSON") from None
+        raise Unreachable(_no_memx_routes(url, f"answered {status} with something that is not JSON")) from None
     if status not in (200, 202) or not isinstance(receipt, dict) or "survivors" not in receipt:
         message = receipt.get("message") if isinstance(receipt, dict) else None
         raise Unreachable(f"{url} answered {status}: {message or receipt}")
     return status, receipt
+
+
+def _no_memx_routes(url, said):
+    """The error for a server that answered but not as comfy_memx does: what that means and how to check."""
+    status_url = url.split("/memx/free")[0] + "/memx/status"
+    return (f"{url} {said}: the server answered, but it has no comfy_memx routes, so comfy_memx is not installed "
+            f"or not active in that ComfyUI. Check: {status_url} answers JSON with comfy_memx's version when it is "
+            "active, and ComfyUI's start-up log has a 'comfy_memx ... active' line; activate it with python -m "
+            "comfy_memx main.py, COMFY_MEMX=1 python main.py, or the node pack in custom_nodes/ (README, Install)")
 
 
 def exit_status(receipt):

@@ -110,9 +110,13 @@ def test_a_pending_receipt_and_models_still_loaded_are_status_1(stub, capsys):
 
 
 @pytest.mark.parametrize("status, payload, message", [
-    (404, b"404: Not Found", "comfy_memx is not active in that ComfyUI"),
+    (404, b"404: Not Found", "comfy_memx is not installed or not active in that ComfyUI"),
     (500, {"error": "internal", "message": "RuntimeError: boom"}, "answered 500: RuntimeError: boom"),
     (200, b"<html>not json</html>", "not JSON"),
+    # a ComfyUI without comfy_memx: the server answers, just not as comfy_memx does; say so and how to check
+    (501, b"501: Not Implemented", "answered 501 with something that is not JSON: the server answered, but it has no "
+                                   "comfy_memx routes, so comfy_memx is not installed or not active in that ComfyUI"),
+    (405, b"405: Method Not Allowed", "/memx/status answers JSON with comfy_memx's version when it is active"),
 ])
 def test_a_server_without_the_route_or_with_errors_is_status_2(stub, capsys, status, payload, message):
     url = stub(status, payload)
