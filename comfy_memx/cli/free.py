@@ -222,7 +222,8 @@ def _owner_text(owner):
 
 def main(argv):
     """Entry point of ``python -m comfy_memx free``; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m comfy_memx free", description=__doc__.splitlines()[0])
+    description = __doc__.splitlines()[0].replace("``", "")   # --help is plain text, not reStructuredText
+    parser = argparse.ArgumentParser(prog="python -m comfy_memx free", description=description)
     parser.add_argument("--url", default=DEFAULT_URL, help=f"the ComfyUI server (default {DEFAULT_URL})")
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="seconds the server waits for the prompt worker (a running prompt delays it)")

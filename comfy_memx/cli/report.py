@@ -524,7 +524,8 @@ def write_timeline(report, png_path):
 
 def main(argv):
     """Entry point of ``python -m comfy_memx report``; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m comfy_memx report", description=__doc__.splitlines()[0])
+    description = __doc__.splitlines()[0].replace("``", "")   # --help is plain text, not reStructuredText
+    parser = argparse.ArgumentParser(prog="python -m comfy_memx report", description=description)
     parser.add_argument("events", metavar="EVENTS.jsonl", help="an event log written with COMFY_MEMX_EVENTS")
     parser.add_argument("--png", metavar="timeline.png", help="also draw resident bytes per model over time")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")

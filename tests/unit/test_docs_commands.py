@@ -2,12 +2,17 @@
 pack folder with nothing installed, grep examples of ComfyUI logs show no colour codes, and the suite's time is the
 one docs/development.md measured."""
 
+import importlib
 import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from comfy_memx.cli.launcher import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[2]
 PACK_FILES = ("__init__.py", "__main__.py", "comfy_memx", "patches", "pyproject.toml")
@@ -58,3 +63,12 @@ def test_the_readme_gives_the_suites_time_that_development_measured():
     assert "about 6 minutes on 2 idle cores, 15 under load" in said, "the README's suite time"
     assert "about 6 minutes on 2 idle cores and 15 under load" in " ".join(development.split())
     assert "11 when the machine is busy" not in said
+
+
+def test_every_commands_help_is_plain_text(capsys):
+    """``--help`` prints to a terminal: no reStructuredText backticks from the docstrings it is made of."""
+    for name, module in COMMANDS.items():
+        with pytest.raises(SystemExit):
+            importlib.import_module(module).main(["--help"])
+        shown = capsys.readouterr().out
+        assert f"python -m comfy_memx {name}" in shown and "``" not in shown, (name, shown)
