@@ -19,7 +19,8 @@ HEADER = f"""# Configuration
 Every setting is an environment variable, read once at start-up; each launcher option sets the same variable
 (`python -m comfy_memx --leak-mode strict ...` is `COMFY_MEMX_LEAK_MODE=strict`). A bad value fails fast: the
 launcher exits with status 2 before ComfyUI starts, naming the variable, the launcher option and the accepted values;
-with `COMFY_MEMX=1` the error is printed once on stderr and ComfyUI runs unpatched. An unknown `COMFY_MEMX_*`
+with `COMFY_MEMX=1` or the node pack the error names the variable (no launcher option: those users have none), is
+printed once on stderr (once also when both are in use) and ComfyUI runs unpatched. An unknown `COMFY_MEMX_*`
 variable is warned about at start-up. A node pack reads the same variables (it has no launcher options).
 
 | variable | launcher option | accepted values | default | meaning |

@@ -131,7 +131,8 @@ def print_report(state, events):
 
 def main(argv):
     """Entry point of ``python -m comfy_memx demo``; returns the exit status (2 for a bad setting)."""
-    parser = argparse.ArgumentParser(prog="python -m comfy_memx demo", description=__doc__.splitlines()[0])
+    description = __doc__.splitlines()[0].replace("``", "")   # --help is plain text, not reStructuredText
+    parser = argparse.ArgumentParser(prog="python -m comfy_memx demo", description=description)
     parser.add_argument("--leak-mode", default="strict", choices=["report", "strict"],
                         help="leak mode to demonstrate (default strict; COMFY_MEMX_LEAK_MODE wins if set)")
     args = parser.parse_args(argv)

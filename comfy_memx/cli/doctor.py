@@ -132,7 +132,8 @@ def format_text(report):
 
 def main(argv):
     """Entry point of ``python -m comfy_memx doctor``; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m comfy_memx doctor", description=__doc__.splitlines()[0])
+    description = __doc__.splitlines()[0].replace("``", "")   # --help is plain text, not reStructuredText
+    parser = argparse.ArgumentParser(prog="python -m comfy_memx doctor", description=description)
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument("--comfyui", metavar="PATH", help="a ComfyUI tree to check the patches against")
     args = parser.parse_args(argv)

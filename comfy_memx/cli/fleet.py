@@ -17,7 +17,8 @@ from comfy_memx.fleet import rules
 
 
 def _parser():
-    parser = argparse.ArgumentParser(prog="python -m comfy_memx fleet", description=__doc__.split("\n\n")[0])
+    description = __doc__.split("\n\n")[0].replace("``", "")   # --help is plain text, not reStructuredText
+    parser = argparse.ArgumentParser(prog="python -m comfy_memx fleet", description=description)
     parser.add_argument("--rules-path", action="store_true", help="print the path of the Prometheus rules file")
     parser.add_argument("--dashboard-path", action="store_true", help="print the path of the Grafana dashboard")
     parser.add_argument("--scrape-config", nargs="+", metavar="HOST:PORT",

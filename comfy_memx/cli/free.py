@@ -59,19 +59,27 @@ def request_free(base_url, timeout, free_memory=True, token=None, release=False)
     except urllib.error.HTTPError as error:
         status, raw = error.code, error.read()
         if status == 404:
-            raise Unreachable(f"{url} answered 404: comfy_memx is not active in that ComfyUI "
-                              "(start it with python -m comfy_memx main.py, or COMFY_MEMX=1)") from None
+            raise Unreachable(_no_memx_routes(url, "answered 404")) from None
     except (urllib.error.URLError, OSError) as error:
         reason = getattr(error, "reason", error)
         raise Unreachable(f"cannot reach {url}: {reason}") from None
     try:
         receipt = json.loads(raw.decode("utf-8", "replace"))
     except ValueError:
-        raise Unreachable(f"{url} answered {status} with something that is not JSON") from None
+        raise Unreachable(_no_memx_routes(url, f"answered {status} with something that is not JSON")) from None
     if status not in (200, 202) or not isinstance(receipt, dict) or "survivors" not in receipt:
         message = receipt.get("message") if isinstance(receipt, dict) else None
         raise Unreachable(f"{url} answered {status}: {message or receipt}")
     return status, receipt
+
+
+def _no_memx_routes(url, said):
+    """The error for a server that answered but not as comfy_memx does: what that means and how to check."""
+    status_url = url.split("/memx/free")[0] + "/memx/status"
+    return (f"{url} {said}: the server answered, but it has no comfy_memx routes, so comfy_memx is not installed "
+            f"or not active in that ComfyUI. Check: {status_url} answers JSON with comfy_memx's version when it is "
+            "active, and ComfyUI's start-up log has a 'comfy_memx ... active' line; activate it with python -m "
+            "comfy_memx main.py, COMFY_MEMX=1 python main.py, or the node pack in custom_nodes/ (README, Install)")
 
 
 def exit_status(receipt):
@@ -89,8 +97,7 @@ def format_receipt(receipt):
     if receipt.get("status") != "done":
         lines.append(f"not finished: {receipt.get('note') or 'the prompt worker did not finish freeing in time'}")
     freed = receipt.get("freed") or []
-    lines.append(f"freed {len(freed)} model(s): {format_bytes(receipt.get('freed_bytes'))} unloaded from devices, "
-                 f"{format_bytes(receipt.get('released_bytes'))} of them gone from memory")
+    lines.append(_freed_headline(receipt))
     if receipt.get("releases"):
         gone = [row for row in receipt["releases"] if row.get("died")]
         lines.append(f"released {len(gone)} leaked model(s): {format_bytes(receipt.get('release_bytes'))} given back "
@@ -115,6 +122,16 @@ def format_receipt(receipt):
     lines += _release_lines(receipt)
     lines += _memory_lines(receipt.get("memory"))
     return lines
+
+
+def _freed_headline(receipt):
+    """What the free gave back: only models whose memory is gone count as freed; a model unloaded from its device
+    that is still in RAM (every unload on ``--cpu``, or a survivor) counts as unloaded, never as freed."""
+    unloaded = receipt.get("freed") or []
+    gone = sum(1 for row in unloaded if row.get("released"))
+    kept = f", {len(unloaded) - gone} of them still in RAM" if len(unloaded) > gone else ""
+    return (f"freed {gone} model(s), {format_bytes(receipt.get('released_bytes'))} gone from memory; unloaded "
+            f"{len(unloaded)} model(s), {format_bytes(receipt.get('freed_bytes'))}, from their devices{kept}")
 
 
 def _survivor_lines(row):
@@ -205,7 +222,8 @@ def _owner_text(owner):
 
 def main(argv):
     """Entry point of ``python -m comfy_memx free``; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m comfy_memx free", description=__doc__.splitlines()[0])
+    description = __doc__.splitlines()[0].replace("``", "")   # --help is plain text, not reStructuredText
+    parser = argparse.ArgumentParser(prog="python -m comfy_memx free", description=description)
     parser.add_argument("--url", default=DEFAULT_URL, help=f"the ComfyUI server (default {DEFAULT_URL})")
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="seconds the server waits for the prompt worker (a running prompt delays it)")

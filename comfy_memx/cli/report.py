@@ -341,7 +341,7 @@ def format_text(report, path):
         held = f", held by package {row['holder_package']}" if row.get("holder_package") else ""
         lines.append(f"  {name}  {row['model']}  loaded by package {row['package']}{held}  peak resident "
                      f"{format_bytes(row['peak_resident_bytes'])}")
-        lines.append("    " + _tally_text(row))
+        lines.append("    " + _tally_text(row, of_model=True))
         if row["leak_sightings"] > 1:
             lines.append(f"    seen leaked in {row['leak_sightings']} prompts")
         for leak in row["leak_reports"]:
@@ -371,14 +371,16 @@ def format_text(report, path):
     return "\n".join(lines)
 
 
-def _tally_text(row):
+def _tally_text(row, of_model=False):
+    """One tally line.  A package's says the leaks it holds and, apart, how many of its loads leaked (whoever holds
+    them); a model's says only how often it leaked, by stage (it holds nothing and loads nothing itself)."""
     unloads = ", ".join(f"{reason} {count}" for reason, count in row["unloads"].items()) or "none"
     leaks = ", ".join(f"{stage} {count}" for stage, count in row["leaks"].items()) or "none"
     leaked_loads = ", ".join(f"{stage} {count}" for stage, count in row.get("leaked_loads", {}).items()) or "none"
+    leak_text = f"leaked {leaks}" if of_model else f"leaks held {leaks}; its loads that leaked {leaked_loads}"
     return (f"loads {row['loads']} ({format_bytes(row['load_bytes'])}, {_gbps(row['load_gb_per_s'])}); "
             f"unloads {unloads} ({format_bytes(row['unload_bytes'])}, {_gbps(row['unload_gb_per_s'])}); "
-            f"leaks held {leaks}; its loads that leaked {leaked_loads}; "
-            f"pin evictions {row['pin_evictions']} ({format_bytes(row['pin_evicted_bytes'])})")
+            f"{leak_text}; pin evictions {row['pin_evictions']} ({format_bytes(row['pin_evicted_bytes'])})")
 
 
 def _gbps(rate):
@@ -522,7 +524,8 @@ def write_timeline(report, png_path):
 
 def main(argv):
     """Entry point of ``python -m comfy_memx report``; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m comfy_memx report", description=__doc__.splitlines()[0])
+    description = __doc__.splitlines()[0].replace("``", "")   # --help is plain text, not reStructuredText
+    parser = argparse.ArgumentParser(prog="python -m comfy_memx report", description=description)
     parser.add_argument("events", metavar="EVENTS.jsonl", help="an event log written with COMFY_MEMX_EVENTS")
     parser.add_argument("--png", metavar="timeline.png", help="also draw resident bytes per model over time")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")

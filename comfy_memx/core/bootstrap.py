@@ -21,6 +21,7 @@ from .errors import ConfigError, MemxError
 from .state import STATE
 
 log = logging.getLogger("comfy_memx")
+_REPORTED = set()   # the failures already logged in this process: COMFY_MEMX=1 and the node pack both try once
 
 
 def bootstrap(source, environ=None):
@@ -37,10 +38,11 @@ def bootstrap(source, environ=None):
     require_patches(config.PATCH_NAMES)
     registry.load_patches()  # the wings subscribe to the signals and register their settings before the parse
     try:
-        cfg = config.parse(environ)
+        cfg = config.parse(environ, launcher=source == "launcher")
     except ConfigError as exc:
-        for warning in exc.warnings:
-            log.warning("comfy_memx: %s", warning)
+        if str(exc) not in _REPORTED:
+            for warning in exc.warnings:
+                log.warning("comfy_memx: %s", warning)
         raise
     for warning in cfg.warnings:
         log.warning("comfy_memx: %s", warning)
@@ -59,7 +61,17 @@ def bootstrap_quietly(source):
     try:
         return bootstrap(source)
     except MemxError as exc:
-        log.error("comfy_memx: %s; comfy_memx is NOT active, ComfyUI runs unpatched", exc)
+        _report_once(str(exc), "comfy_memx: %s; comfy_memx is NOT active, ComfyUI runs unpatched")
     except Exception as exc:  # never break the interpreter start-up of somebody's server
-        log.error("comfy_memx: start-up failed (%r); comfy_memx is NOT active, ComfyUI runs unpatched", exc)
+        _report_once(repr(exc), "comfy_memx: start-up failed (%s); comfy_memx is NOT active, ComfyUI runs unpatched")
     return None
+
+
+def _report_once(text, template):
+    """Log a failed activation once per process: a second entry point (the node pack after ``COMFY_MEMX=1``) that
+    fails the same way says so only at debug level."""
+    if text in _REPORTED:
+        log.debug("comfy_memx: still NOT active (%s, logged above)", text)
+        return
+    _REPORTED.add(text)
+    log.error(template, text)

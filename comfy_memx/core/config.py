@@ -44,9 +44,10 @@ class Setting:
         """The launcher option for this setting: ``COMFY_MEMX_LEAK_MODE`` -> ``--leak-mode``."""
         return "--" + self.env[len(PREFIX) + 1:].lower().replace("_", "-")
 
-    def rejected(self, raw, why):
-        """The error message for value ``raw``: the variable, the value, why, and the launcher option if any."""
-        option = f" (launcher option {self.flag})" if self.option else ""
+    def rejected(self, raw, why, launcher=False):
+        """The error message for value ``raw``: the variable, the value, why, and (to a user of the launcher only:
+        a node pack or ``COMFY_MEMX=1`` has none) the launcher option if any."""
+        option = f" (launcher option {self.flag})" if self.option and launcher else ""
         shown = "<hidden>" if self.field in SECRET_FIELDS else repr(raw)  # a secret never goes to a log
         return f"{self.env}={shown} {why}{option}"
 
@@ -336,11 +337,12 @@ Config = dataclasses.make_dataclass(
     })
 
 
-def parse(environ=None):
+def parse(environ=None, launcher=False):
     """Parse ``COMFY_MEMX*`` variables from ``environ`` (default ``os.environ``) into a :class:`Config`.
 
-    Raises :class:`ConfigError` on the first bad value, naming the variable and the accepted values; the
-    typo-guard warnings go with it (an unknown name next to a bad value is often the same mistake).
+    Raises :class:`ConfigError` on the first bad value, naming the variable and the accepted values (and, when
+    ``launcher``, the launcher option that sets it); the typo-guard warnings go with it (an unknown name next to a
+    bad value is often the same mistake).
     """
     environ = os.environ if environ is None else environ
     known = {s.env for s in SETTINGS}
@@ -354,14 +356,15 @@ def parse(environ=None):
         try:
             values[setting.field] = setting.parse(raw)
         except Unusable as exc:
-            raise ConfigError(setting.rejected(raw, f"cannot be used: {exc}"), warnings) from None
+            raise ConfigError(setting.rejected(raw, f"cannot be used: {exc}", launcher), warnings) from None
         except (ValueError, TypeError):
-            raise ConfigError(setting.rejected(raw, f"is not valid; accepted: {setting.accepted}"),
+            raise ConfigError(setting.rejected(raw, f"is not valid; accepted: {setting.accepted}", launcher),
                               warnings) from None
     if values.get("release") == "auto" and not values.get("release_packages"):
+        options = "; launcher options --release auto --release-packages NAMES" if launcher else ""
         raise ConfigError("COMFY_MEMX_RELEASE=auto needs COMFY_MEMX_RELEASE_PACKAGES: the custom-node packages whose "
-                          "caches may be cut automatically (comma list of folder names, or * for every pack; "
-                          "launcher options --release auto --release-packages NAMES)", warnings)
+                          f"caches may be cut automatically (comma list of folder names, or * for every pack{options})",
+                          warnings)
     return Config(**values)
 
 

@@ -19,6 +19,7 @@ import collections
 import math
 import threading
 import time
+import weakref
 
 from comfy_memx.core.errors import MemxError
 from comfy_memx.core.state import STATE
@@ -54,6 +55,7 @@ class SearchGate:
         self._waiting = 0
         self._running_since = None
         self.counters = collections.Counter()  # searches, refused_busy, refused_budget, cpu_seconds
+        self._last = weakref.WeakKeyDictionary()   # ledger record -> its last gated search (dies with the record)
 
     @staticmethod
     def _rate():
@@ -123,7 +125,10 @@ class SearchGate:
             self._running_since = time.monotonic()
             cpu_before = time.thread_time()
             try:
-                return leaks.search_now(record, ignore=ignore, budget_s=budget)
+                found = leaks.search_now(record, ignore=ignore, budget_s=budget)
+                self._last[record] = {"holder": found.get("holder"), "result": (found.get("search") or {}).get("result"),
+                                      "time": time.time()}
+                return found
             finally:
                 cpu = time.thread_time() - cpu_before
                 self._spend(cpu)
@@ -132,6 +137,11 @@ class SearchGate:
                 self._running_since = None
         finally:
             self.lock.release()
+
+    def last_search(self, record):
+        """What the last gated search of ``record``'s model found: ``{"holder", "result", "time"}``, or None when
+        none ran (the panel names this holder on a model that is not a known leak, say a survivor of a free)."""
+        return self._last.get(record)
 
     def _retry_busy(self):
         since = self._running_since

@@ -12,6 +12,7 @@ from comfy_memx.core.state import STATE
 from comfy_memx.leaks import api as leaks
 from comfy_memx.ledger import api as ledger
 from comfy_memx.pins import api as pins
+from comfy_memx.surface import gate
 
 
 def model_rows(model_management=None):
@@ -70,7 +71,7 @@ def _row(record, module, mm, listed):
             "last_unload": {k: last.get(k) for k in ("reason", "requested_by", "bytes", "time")} if last else None,
             **ledger.reload_view(record),
             "in_comfyui_loaded_list": id(module) in listed, "leak": leaks.public_state(record.leak),
-            "release": release_view(record)}
+            "searched": gate.gate().last_search(record), "release": release_view(record)}
 
 
 def release_view(record):

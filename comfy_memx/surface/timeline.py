@@ -106,9 +106,16 @@ def _bounded_put(table, key, value, limit):
 
 
 def _short_owner(owner):
+    """An owner or requester in a few names: who it was (``kind``, and ``route`` for an HTTP request), its package,
+    node and ``via``; a ``load`` requester as the node that was loading."""
     if not isinstance(owner, dict):
         return None
-    return {key: owner.get(key) for key in ("package", "class_type", "node_id", "via") if owner.get(key) is not None}
+    short = {key: owner.get(key) for key in ("kind", "route", "clients", "package", "class_type", "node_id", "via")
+             if owner.get(key) is not None}
+    if owner.get("kind") == "load" and isinstance(owner.get("node"), dict):
+        short.update(_short_owner(owner["node"]))
+        short["kind"] = "load"
+    return short
 
 
 class TimelinePart:

@@ -10,6 +10,9 @@ const TOKEN_KEY = "comfy_memx.token";
 const TOKEN_HEADER = "X-Memx-Token";
 const MAX_ENTRIES = 4096;
 const SVG = "http://www.w3.org/2000/svg";
+const TIMELINE_MIN = 170;   // px: the timeline's least height; it grows by a lane per model past that
+const LANE_MIN = 26;        // px: the least height of one model's lane
+const LANE_GAP = 3;         // px: the space at the top and bottom of each lane that no line enters
 const LINE_COLOURS = ["#4e9af1", "#e8a33d", "#59b368", "#b57be0", "#e0607e", "#3fb8b0", "#c9b43a", "#8d8d8d"];
 
 const STYLE = `
@@ -48,7 +51,7 @@ const STYLE = `
 .memx-panel input { flex: 1 1 14em; min-width: 0; }
 .memx-panel button:disabled { opacity: .6; cursor: wait; }
 .memx-panel .memx-row { display: flex; gap: 6px; align-items: center; flex-wrap: wrap; margin: 4px 0; }
-.memx-panel svg.memx-timeline { width: 100%; height: 170px; display: block; background: var(--comfy-input-bg, #2a2a2a);
+.memx-panel svg.memx-timeline { width: 100%; height: auto; display: block; background: var(--comfy-input-bg, #2a2a2a);
   border: 1px solid var(--border-color, #4e4e4e); border-radius: 4px; }
 .memx-panel svg .memx-axis { stroke: var(--border-color, #4e4e4e); }
 .memx-panel svg text { fill: var(--descrip-text, #999); font-size: 10px; }
@@ -91,11 +94,47 @@ export function formatBytes(n) {
   return `${n < 0 ? "-" : ""}${unit === 0 ? value : value.toFixed(value < 10 ? 2 : 1)} ${units[unit]}`;
 }
 
+// Who loaded a model (an owner: package, node, via) or asked for an unload (a requester of any kind the ledger
+// writes: "node", "load" (the loading node), "http" (a route, never an address), "comfyui", "comfy_memx").
 function who(owner) {
   if (!owner) return "?";
+  const via = owner.via ? ` via ${owner.via}` : "";
+  if (owner.kind === "http") {
+    return `${owner.route ? `POST ${owner.route}` : "an HTTP request"}` +
+      (owner.clients > 1 ? ` (${owner.clients} clients)` : "");
+  }
+  if (owner.kind === "comfy_memx") return `comfy_memx${via}`;
+  if (owner.kind === "load") {   // /memx/models keeps the loading node under "node", the timeline flattens it
+    const loading = (owner.models || []).map((m) => m.model).filter(Boolean).join(", ");
+    return `${who(owner.node || { ...owner, kind: "node" })} loading ${loading || "another model"}`;
+  }
   const node = owner.class_type ? `${owner.class_type}${owner.node_id ? ` (node ${owner.node_id})` : ""}` : null;
-  const pkg = owner.package || "?";
-  return [pkg, node].filter(Boolean).join(" · ") + (owner.via ? ` via ${owner.via}` : "");
+  const pkg = owner.package || (owner.kind === "comfyui" ? "ComfyUI" : "?");
+  return [pkg, node].filter(Boolean).join(" · ") + via;
+}
+
+// Who keeps a model alive, as its card says: the leak's holder, else (a model ComfyUI never warned about, say a
+// survivor of a free) what the last holder search of it found, else ComfyUI while a ModelPatcher of it lives.
+function heldBy(row, holder) {
+  if (row.leak) return row.leak.holder_package || (holder && holder.package) || "searching…";
+  const searched = row.searched;
+  if (searched && searched.holder) {
+    return `${searched.holder.package || "?"} (${searched.holder.path || "?"}, searched ${clock(searched.time)})`;
+  }
+  if (row.state === "leaked") {
+    return searched ? `not found (search: ${searched.result || "?"})` : "not searched yet (no ModelPatcher refers to it)";
+  }
+  return row.in_comfyui_loaded_list ? "ComfyUI (loaded list)" : "ComfyUI";
+}
+
+// Only models whose memory is gone count as freed; one unloaded from its device but still in RAM (every unload on
+// --cpu, or a survivor) is unloaded, never freed (as `python -m comfy_memx free` says).
+function freedHeadline(receipt) {
+  const unloaded = receipt.freed || [];
+  const gone = unloaded.filter((row) => row.released).length;
+  return `Freed ${formatBytes(receipt.released_bytes)} (${gone} model(s) gone from memory); ` +
+    `unloaded ${formatBytes(receipt.freed_bytes)} from ${unloaded.length} model(s)` +
+    (unloaded.length > gone ? `, ${unloaded.length - gone} of them still in RAM` : "");
 }
 
 function clock(seconds) {
@@ -260,8 +299,7 @@ export function mountPanel(root, options = {}) {
       const facts = [
         ["size", `${formatBytes(row.bytes)}${devices.length ? ` (${devices.join(", ")})` : ""}`],
         ["loaded by", who(row.owner)],
-        ["held by", row.leak ? (row.leak.holder_package || (holder && holder.package) || "searching…")
-                             : (row.in_comfyui_loaded_list ? "ComfyUI (loaded list)" : "ComfyUI")],
+        ["held by", heldBy(row, holder)],
       ];
       if (row.pinned_bytes) facts.push(["pinned", formatBytes(row.pinned_bytes)]);
       if (last) facts.push(["last unload", `${last.reason || "?"} by ${who(last.requested_by)} at ${clock(last.time)}`]);
@@ -430,51 +468,63 @@ export function mountPanel(root, options = {}) {
                          "stroke-dasharray": "3 3" });
   }
 
+  // One lane per model, stacked top to bottom and never overlapping (two models of one size loaded and unloaded
+  // together would otherwise draw one line over the other), each from 0 to the largest loaded size of any model.
   function drawTimeline() {
     const start = state.started, end = state.now;
     if (!start || !end) { parts.timeline.replaceChildren(); return; }
-    const width = Math.max(240, Math.round(parts.timeline.clientWidth || 600)), height = 170;
+    const width = Math.max(240, Math.round(parts.timeline.clientWidth || 600));
     const left = 44, right = 8, top = 8, bottom = 18;
     const lines = modelLines(state.entries, state.models, start, end);
+    const lanes = new Map([...lines.keys()].map((modelId, index) => [modelId, index]));
+    for (const entry of state.entries) {   // a model with marks but no line yet (a leak of a model loaded before)
+      if (entry.model_id && !lanes.has(entry.model_id)) lanes.set(entry.model_id, lanes.size);
+    }
+    const laneHeight = Math.max(LANE_MIN, Math.floor((TIMELINE_MIN - top - bottom) / Math.max(1, lanes.size)));
+    const height = top + bottom + laneHeight * Math.max(1, lanes.size);
     let peak = 1;
-    for (const line of lines.values()) for (const [, y] of line.points) peak = Math.max(peak, y);
+    for (const line of lines.values()) for (const [, v] of line.points) peak = Math.max(peak, v);
     const span = Math.max(1, end - start);
     const x = (t) => left + ((t - start) / span) * (width - left - right);
-    const y = (v) => top + (1 - v / peak) * (height - top - bottom);
+    const laneTop = (lane) => top + lane * laneHeight;
+    const y = (lane, v) => laneTop(lane) + LANE_GAP + (1 - Math.max(0, v) / peak) * (laneHeight - 2 * LANE_GAP);
     const chart = svg("svg", { class: "memx-timeline", viewBox: `0 0 ${width} ${height}`,
-                               role: "img", "aria-label": "loaded bytes per model since the server started" });
-    chart.append(svg("line", { class: "memx-axis", x1: left, y1: y(0), x2: width - right, y2: y(0) }),
-                 svg("line", { class: "memx-axis", x1: left, y1: top, x2: left, y2: y(0) }),
-                 svg("text", { x: 2, y: top + 8 }, formatBytes(peak)), svg("text", { x: 2, y: y(0) }, "0"),
+                               role: "img", "aria-label": "loaded bytes per model since the server started, a lane each" });
+    chart.append(svg("line", { class: "memx-axis", x1: left, y1: top, x2: left, y2: height - bottom }),
+                 svg("text", { x: 2, y: top + 8 }, formatBytes(peak)),
                  svg("text", { x: left, y: height - 4 }, clock(start)),
                  svg("text", { x: width - right, y: height - 4, "text-anchor": "end" }, clock(end)));
-    const colours = new Map();
-    let index = 0;
+    for (const lane of lanes.values()) {
+      const floor = laneTop(lane + 1) - LANE_GAP;
+      chart.append(svg("line", { class: "memx-axis memx-lane", x1: left, y1: floor, x2: width - right, y2: floor }));
+    }
+    const colours = new Map([...lanes.keys()].map((modelId, index) =>
+      [modelId, LINE_COLOURS[index % LINE_COLOURS.length]]));
     for (const [modelId, line] of lines) {
-      const colour = LINE_COLOURS[index++ % LINE_COLOURS.length];
-      colours.set(modelId, colour);
-      chart.append(svg("polyline", { class: "memx-line", fill: "none", stroke: colour, "stroke-width": 1.6,
-                                     points: line.points.map(([t, v]) => `${x(t).toFixed(1)},${y(v).toFixed(1)}`).join(" "),
+      const lane = lanes.get(modelId);
+      chart.append(svg("polyline", { class: "memx-line", fill: "none", stroke: colours.get(modelId), "stroke-width": 1.6,
+                                     points: line.points.map(([t, v]) => `${x(t).toFixed(1)},${y(lane, v).toFixed(1)}`).join(" "),
                                      "data-model-id": modelId }, svg("title", {}, line.name)));
     }
     for (const entry of state.entries) {
+      const lane = lanes.get(entry.model_id);
       const colour = colours.get(entry.model_id) || "currentColor";
-      const cx = x(entry.time), cy = y(entry.loaded_bytes || 0);
+      const cx = x(entry.time), cy = lane === undefined ? y(0, 0) : y(lane, entry.loaded_bytes || 0);
       const label = `${clock(entry.time)} ${entry.kind} ${entry.model_id || ""}` +
         (entry.reason ? ` (${entry.reason}${entry.requested_by ? ` by ${who(entry.requested_by)}` : ""})` : "") +
         (entry.holder_package ? ` held by ${entry.holder_package}` : "");
-      const mark = markOf(entry.kind, cx, cy, colour, top, y(0));
+      const mark = markOf(entry.kind, cx, cy, colour, top, height - bottom);
       mark.setAttribute("class", `memx-mark memx-mark-${entry.kind}`);
       mark.append(svg("title", {}, label));
       chart.append(mark);
     }
-    const legend = el("div", { class: "memx-legend" }, ...[...lines].map(([modelId, line]) =>
-      el("span", {}, el("span", { class: "memx-swatch", style: `background:${colours.get(modelId)}` }), line.name)));
+    const legend = el("div", { class: "memx-legend" }, ...[...lanes.keys()].map((modelId) =>
+      el("span", {}, el("span", { class: "memx-swatch", style: `background:${colours.get(modelId)}` }), modelId)));
     const counts = ["load", "unload", "leak", "free"].map((kind) =>
       `${state.entries.filter((e) => e.kind === kind).length} ${kind}`).join(" · ");
     parts.timeline.replaceChildren(chart, legend,
-      el("div", { class: "memx-muted" }, `▲ load ▽ unload ✕ leak ┆ free — ${counts}` +
-        (state.dropped ? ` (${state.dropped} older entries dropped)` : "")));
+      el("div", { class: "memx-muted" }, `a lane per model, top to bottom as listed, each 0 to ${formatBytes(peak)} · ` +
+        `▲ load ▽ unload ✕ leak ┆ free — ${counts}` + (state.dropped ? ` (${state.dropped} older entries dropped)` : "")));
   }
 
   function guardedHeaders() {   // the token, when one was entered, for the routes that need loopback or it
@@ -513,10 +563,10 @@ export function mountPanel(root, options = {}) {
     return el("div", { class: "memx-card", "data-memx": "receipt" },
       el("div", { class: "memx-name" }, `Receipt: ${receipt.status}` + (receipt.waited_s !== undefined ? ` after ${receipt.waited_s} s` : "")),
       receipt.note ? el("div", { class: "memx-muted" }, receipt.note) : null,
-      el("div", {}, `Freed ${formatBytes(receipt.freed_bytes)} from ${(receipt.freed || []).length} model(s); ` +
-        `released ${formatBytes(receipt.released_bytes)}`),
+      el("div", { "data-memx": "freed-headline" }, freedHeadline(receipt)),
       (receipt.freed || []).length ? el("ul", { "data-memx": "freed" }, ...receipt.freed.map((row) =>
-        el("li", {}, `${row.model_id}: ${formatBytes(row.unloaded_bytes)} from ${row.device}${row.released ? ", released" : ""}`))) : null,
+        el("li", {}, `${row.model_id}: ${formatBytes(row.unloaded_bytes)} unloaded from ${row.device}, ` +
+                     (row.released ? "gone from memory" : "still in RAM")))) : null,
       el("div", {}, `Survivors: ${survivors.length} (${formatBytes(receipt.survivor_bytes)})`),
       survivors.length ? el("ul", { "data-memx": "survivors" }, ...survivors.map((row) => {
         const holders = row.holders || (row.leak && row.leak.referrers) || [];

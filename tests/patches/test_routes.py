@@ -22,7 +22,7 @@ VERSIONS = ["0.3.64", "0.27.0"]
 MODEL_KEYS = {"model", "model_id", "state", "bytes", "loaded_bytes", "load_device", "bytes_by_device",
               "pinned_bytes", "owner", "loaded_at", "last_used", "loads", "unloads", "last_unload",
               "reloads", "reload_seconds", "reload_bytes", "reload_causes", "in_comfyui_loaded_list", "leak",
-              "release"}
+              "searched", "release"}
 RECEIPT_KEYS = {"status", "worker", "waited_s", "request", "run", "freed", "freed_bytes", "released_bytes",
                 "still_loaded", "survivors", "survivor_bytes", "memory", "prompt_running_at_request", "releases",
                 "release_bytes"}
@@ -241,6 +241,8 @@ def test_free_waits_for_the_worker_and_names_the_survivor_with_its_chain(version
     assert memory["trim"]["returned_bytes"] >= 0 and memory["trim"]["seconds"] >= 0
     # the leaked model is all that is left; on the stand-in its weights sit on the simulated GPU, not in RAM
     assert [row["model_id"] for row in after] == [survivor["model_id"]]
+    searched = after[0]["searched"]   # the row carries the receipt's search: the panel names its holder
+    assert searched["holder"] == survivor["holder"] and searched["result"] == survivor["search"]["result"]
     assert memory["held_bytes"] == sum(n for d, n in after[0]["bytes_by_device"].items() if d.startswith("cpu"))
     cache.clear()
     gc.collect()

@@ -123,6 +123,7 @@ def panel_view(page):
                 receipt: text('[data-memx=receipt]'), survivors: text('[data-memx=survivor]'),
                 lines: svg ? svg.querySelectorAll('polyline.memx-line').length : 0,
                 line_points: svg ? [...svg.querySelectorAll('polyline.memx-line')].map((l) => l.points.length) : [],
+                unload_titles: svg ? [...svg.querySelectorAll('.memx-mark-unload title')].map((t) => t.textContent) : [],
                 marks: svg ? Object.fromEntries(['load', 'unload', 'leak', 'free'].map(
                     (k) => [k, svg.querySelectorAll('.memx-mark-' + k).length])) : {},
                 svg_box: svg ? [svg.getBoundingClientRect().width, svg.getBoundingClientRect().height] : [0, 0],
@@ -361,6 +362,9 @@ def test_free_shows_a_receipt_listing_the_survivor_and_its_holder(tree, kind, br
     assert len(survivors) == 1 and f"held by {HOLDER}" in survivors[0], view["survivors"]
     assert HOLDER_PATH in survivors[0], survivors[0]
     assert view["marks"]["free"] >= 1, view["marks"]
+    # the Free's unloads name who asked: the route, never "by ?"
+    assert any("(free_request by POST /memx/free)" in title for title in view["unload_titles"]), view["unload_titles"]
+    assert not any("by ?)" in title for title in view["unload_titles"]), view["unload_titles"]
     assert not NOT_SHOWN.intersection(view["all"].split()), view["all"]
 
 

@@ -37,6 +37,25 @@ def test_bad_values_name_the_variable_and_accepted_values(name, value, accepted)
     assert name in str(info.value) and repr(value) in str(info.value) and accepted in str(info.value)
 
 
+def test_only_the_launcher_is_told_its_option_and_everyone_else_the_variable():
+    """A node-pack or ``COMFY_MEMX=1`` user sets environment variables; a launcher option would send them looking
+    for a command line they do not use."""
+    bad = {"COMFY_MEMX_LEAK_MODE": "loud"}
+    with pytest.raises(ConfigError) as plain:
+        config.parse(bad)
+    assert str(plain.value).startswith("COMFY_MEMX_LEAK_MODE='loud' is not valid") and "launcher" not in str(plain.value)
+    with pytest.raises(ConfigError) as launcher:
+        config.parse(bad, launcher=True)
+    assert str(launcher.value).endswith("(launcher option --leak-mode)"), str(launcher.value)
+    auto = {"COMFY_MEMX_RELEASE": "auto"}
+    with pytest.raises(ConfigError) as plain:
+        config.parse(auto)
+    assert "COMFY_MEMX_RELEASE_PACKAGES" in str(plain.value) and "launcher" not in str(plain.value)
+    with pytest.raises(ConfigError) as launcher:
+        config.parse(auto, launcher=True)
+    assert "launcher options --release auto --release-packages NAMES" in str(launcher.value)
+
+
 def test_unknown_names_are_warned_about():
     cfg = config.parse({"COMFY_MEMX_LEAKMODE": "strict", "OTHER": "1"})
     assert len(cfg.warnings) == 1 and "COMFY_MEMX_LEAKMODE" in cfg.warnings[0]

@@ -51,6 +51,21 @@ def test_the_fleet_command_prints_the_paths_and_a_scrape_config(capsys):
     assert 'targets: ["10.0.0.5:8188", "10.0.0.6:8188"]' in text and "metrics_path: /memx/metrics" in text
 
 
+def test_the_fleet_help_is_plain_text_that_says_what_the_operations_page_says(capsys):
+    with pytest.raises(SystemExit):
+        fleet_cli.main(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "``" not in shown and "rules loaded" not in shown, shown
+    assert ("python -m comfy_memx fleet: where the shipped Prometheus rules and Grafana dashboard are, a scrape "
+            "config that uses them") in shown, shown
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs",
+                           "operations.md"), encoding="utf-8") as handle:
+        page = handle.read()
+    for option in ("--rules-path", "--dashboard-path", "--scrape-config", "--rules", "--job-selector",
+                   "--runbook-base", "--set NAME=VALUE", "--metrics-path"):
+        assert option in shown and option in page, option
+
+
 def test_the_launcher_dispatches_the_fleet_command(tmp_path):
     done = subprocess.run([sys.executable, "-m", "comfy_memx", "fleet", "--dashboard-path"], capture_output=True,
                           text=True, timeout=60, cwd=str(tmp_path))

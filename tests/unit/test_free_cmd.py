@@ -72,7 +72,8 @@ def test_everything_freed_is_status_0(stub, capsys):
     assert free_cmd.main(["--url", url, "--timeout", "12"]) == 0
     out = capsys.readouterr().out
     assert Stub.seen == [("/memx/free?timeout=12", {"unload_models": True, "free_memory": True})]
-    assert "freed 1 model(s): 16.0 KiB unloaded from devices, 16.0 KiB of them gone from memory" in out
+    assert ("freed 1 model(s), 16.0 KiB gone from memory; unloaded 1 model(s), 16.0 KiB, from their devices\n"
+            in out)
     assert "BaseModel#2 (BaseModel)  16.0 KiB unloaded from cuda:0, released; loaded by node 1 (LeakyLoader)" in out
     assert "survivors: none" in out
 
@@ -86,6 +87,18 @@ def test_survivors_are_status_1_and_printed_with_their_chains(stub, capsys):
     assert "fix (class_cache): cache per instance instead of on the class" in out
 
 
+def test_a_model_unloaded_but_still_in_ram_is_never_counted_as_freed(stub, capsys):
+    """On ``--cpu`` an unload moves nothing out of RAM: the survivor it leaves is unloaded, not freed."""
+    kept = dict(FREED, model_id="BaseModel#1", device="cpu", released=False)
+    url = stub(200, receipt(freed=[kept], released_bytes=0, survivors=[SURVIVOR], survivor_bytes=16384))
+    assert free_cmd.main(["--url", url]) == 1
+    out = capsys.readouterr().out
+    assert ("freed 0 model(s), 0 B gone from memory; unloaded 1 model(s), 16.0 KiB, from their devices, 1 of them "
+            "still in RAM\n" in out), out
+    assert "BaseModel#1 (BaseModel)  16.0 KiB unloaded from cpu, still in RAM" in out
+    assert "freed 1 model(s)" not in out
+
+
 def test_a_pending_receipt_and_models_still_loaded_are_status_1(stub, capsys):
     url = stub(202, receipt(status="pending", worker="waiting", freed=[], note="a running prompt delays it"))
     assert free_cmd.main(["--url", url, "--unload-only", "--json"]) == 1
@@ -97,9 +110,13 @@ def test_a_pending_receipt_and_models_still_loaded_are_status_1(stub, capsys):
 
 
 @pytest.mark.parametrize("status, payload, message", [
-    (404, b"404: Not Found", "comfy_memx is not active in that ComfyUI"),
+    (404, b"404: Not Found", "comfy_memx is not installed or not active in that ComfyUI"),
     (500, {"error": "internal", "message": "RuntimeError: boom"}, "answered 500: RuntimeError: boom"),
     (200, b"<html>not json</html>", "not JSON"),
+    # a ComfyUI without comfy_memx: the server answers, just not as comfy_memx does; say so and how to check
+    (501, b"501: Not Implemented", "answered 501 with something that is not JSON: the server answered, but it has no "
+                                   "comfy_memx routes, so comfy_memx is not installed or not active in that ComfyUI"),
+    (405, b"405: Method Not Allowed", "/memx/status answers JSON with comfy_memx's version when it is active"),
 ])
 def test_a_server_without_the_route_or_with_errors_is_status_2(stub, capsys, status, payload, message):
     url = stub(status, payload)

@@ -146,3 +146,23 @@ def test_a_bad_setting_leaves_comfyui_loading_the_pack_and_unpatched(tmp_path):
     assert result["source"] is None and result["mappings"] == {}
     [error] = [line for line in logs if "NOT active" in line]
     assert "COMFY_MEMX_LEAK_MODE" in error and activations(logs) == []
+
+
+def test_a_bad_setting_under_the_pack_names_the_variable_not_a_launcher_option(tmp_path):
+    pack = make_pack(tmp_path / "custom_nodes", "comfy_memx")
+    result, logs = load(pack, extra_env={"COMFY_MEMX_PIN_LIMIT": "lots"})
+    [error] = [line for line in logs if "NOT active" in line]
+    assert "COMFY_MEMX_PIN_LIMIT='lots' is not valid" in error and "launcher" not in error, error
+
+
+def test_with_comfy_memx_1_and_the_pack_a_bad_setting_is_reported_once(tmp_path):
+    site = tmp_path / "site"
+    shutil.copytree(ROOT / "comfy_memx", site / "comfy_memx", ignore=shutil.ignore_patterns("__pycache__", "patches"))
+    shutil.copytree(ROOT / "patches", site / "comfy_memx" / "patches", ignore=shutil.ignore_patterns("__pycache__"))
+    pack = make_pack(tmp_path / "custom_nodes", "comfy_memx")
+    result, logs = load(pack, before="env", pythonpath=site,
+                        extra_env={"COMFY_MEMX_PIN_LIMIT": "lots", "COMFY_MEMX_PINLIMIT": "1"})
+    assert result["source"] is None
+    errors = [line for line in logs if "NOT active" in line]
+    assert len(errors) == 1 and "COMFY_MEMX_PIN_LIMIT='lots'" in errors[0] and "launcher" not in errors[0], logs
+    assert sum("unknown setting COMFY_MEMX_PINLIMIT" in line for line in logs) == 1, logs

@@ -151,3 +151,24 @@ def test_the_env_flag_logs_one_error_and_runs_comfyui_unpatched_when_no_patch_mo
     assert out.returncode == 0 and "ComfyUI ran" in out.stdout
     errors = [line for line in out.stderr.splitlines() if "comfy_memx" in line]
     assert len(errors) == 1 and "holds no patch module" in errors[0] and "NOT active" in errors[0]
+
+
+@pytest.mark.parametrize("value", ["maybe", "2"])
+def test_a_comfy_memx_value_neither_true_nor_false_is_reported_only_in_comfyuis_process(tmp_path, value):
+    """The .pth line runs in every process of the environment: pip or a notebook must not print comfy_memx's error;
+    ComfyUI's ``main.py`` reports it once and runs unpatched."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMFY_MEMX")}
+    env["COMFY_MEMX"] = value
+    other = subprocess.run([sys.executable, "-c", "import comfy_memx._startup; print('other ran')"],
+                           capture_output=True, text=True, timeout=120, env=env, cwd=str(tmp_path))
+    assert other.returncode == 0 and "other ran" in other.stdout
+    assert "comfy_memx" not in other.stderr, other.stderr
+    comfyui = tmp_path / "ComfyUI"
+    (comfyui / "comfy").mkdir(parents=True)
+    (comfyui / "main.py").write_text("import comfy_memx._startup\nfrom comfy_memx.core.state import STATE\n"
+                                     "print('ComfyUI ran', STATE.source)\n")
+    ran = subprocess.run([sys.executable, str(comfyui / "main.py")], capture_output=True, text=True, timeout=120,
+                         env=env, cwd=str(comfyui))
+    assert ran.returncode == 0 and "ComfyUI ran None" in ran.stdout, ran.stdout + ran.stderr
+    errors = [line for line in ran.stderr.splitlines() if "comfy_memx" in line]
+    assert len(errors) == 1 and f"COMFY_MEMX='{value}' is not valid" in errors[0] and "NOT active" in errors[0]

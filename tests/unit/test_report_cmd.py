@@ -119,6 +119,10 @@ def test_the_package_table_credits_a_leak_to_the_package_that_holds_it_not_the_o
     text = capsys.readouterr().out
     assert "loaded by package ComfyUI-UtilityBelt, held by package StyleMixer" in text
     assert "  StyleMixer\n    loads 0" in text and "leaks held rooted 1" in text
+    # the model's own line agrees with the packages': it leaked (rooted 1), never "its loads that leaked none"
+    model_line = text.split("StyleNet#1  StyleNet")[1].splitlines()[1]
+    assert "; leaked rooted 1;" in model_line and "that leaked" not in model_line, model_line
+    assert "its loads that leaked rooted 1" in text.split("  ComfyUI-UtilityBelt\n")[1].splitlines()[0]
 
 
 def test_events_of_several_processes_stay_apart(tmp_path, capsys):

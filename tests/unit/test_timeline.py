@@ -83,3 +83,21 @@ def test_install_subscribes_once_and_a_reset_unsubscribes():
         assert first.observe not in events._subscribers and timeline.installed() is None
     finally:
         STATE.reset()
+
+
+def test_an_unload_names_who_asked_of_every_kind_the_ledger_writes():
+    """A free by HTTP keeps its route (the panel says "by POST /memx/free"), a load keeps the loading node, comfy_memx's
+    own unloads keep their ``via``; no client address is ever kept."""
+    ring = timeline.Timeline()
+    askers = [{"kind": "http", "route": "/memx/free", "clients": 2},
+              {"kind": "load", "models": [{"model": "Net", "model_id": "Net#9", "bytes": 5}],
+               "node": {"package": "pack_d", "class_type": "Loader", "node_id": "4", "prompt_id": "p", "via": None}},
+              {"kind": "comfy_memx", "via": "idle_unload", "idle_s": 300},
+              {"kind": "comfyui", "via": "prompt_worker", "prompt_id": None, "node_id": None, "class_type": None}]
+    for index, asker in enumerate(askers):
+        ring.observe(dict(unload(f"Net#{index}", 10, reason="free_request"), requested_by=asker))
+    shown = [entry["requested_by"] for entry in ring.since()]
+    assert shown == [{"kind": "http", "route": "/memx/free", "clients": 2},
+                     {"kind": "load", "package": "pack_d", "class_type": "Loader", "node_id": "4"},
+                     {"kind": "comfy_memx", "via": "idle_unload"},
+                     {"kind": "comfyui", "via": "prompt_worker"}]
