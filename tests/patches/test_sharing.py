@@ -12,7 +12,7 @@ import pytest
 
 from comfy_memx.core.state import STATE
 from comfy_memx.core.hostshare import Peer
-from comfy_memx.sharing import handoff
+from comfy_memx.sharing import asking, handoff
 from fake_comfy.loader import PACKS_DIR, shape_root
 from memx_helpers import memx_on, read_events
 from test_server_process import HOST, call, free_port
@@ -186,13 +186,13 @@ def test_a_load_short_of_device_memory_asks_the_peers_first(tmp_path, monkeypatc
         handoff.start(1)
         asked = []
 
-        def answer(url, body, timeout, secret=None):
-            asked.append((url, body["bytes"], body["device"]))
+        def answer(peer, body, deadline):
+            asked.append((peer.data["url"], body["bytes"], body["device"]))
             return {"status": "done", "freed_bytes": body["bytes"], "freed": ["BaseModel#7"]}
-        monkeypatch.setattr(handoff, "_ask", answer)
+        monkeypatch.setattr(asking, "ask", answer)
         monkeypatch.setattr(handoff.part().registry, "peers", lambda: {
-            4242: Peer(4242, 0, {"device": handoff.part().device, "url": "http://127.0.0.1:9"}),
-            4343: Peer(4343, 0, {"device": "cuda:other", "url": "http://127.0.0.1:10"})})
+            4242: Peer(4242, 0, {"device": handoff.part().device, "url": "http://127.0.0.1:9", "held_bytes": 2 ** 40}),
+            4343: Peer(4343, 0, {"device": "cuda:other", "url": "http://127.0.0.1:10", "held_bytes": 2 ** 40})})
         from fake_comfy.loader import make_patcher
         small = make_patcher(tensor_count=2, tensor_numel=1024)
         mm.load_models_gpu([small])
