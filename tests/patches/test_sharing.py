@@ -210,7 +210,7 @@ def test_a_load_short_of_device_memory_asks_the_peers_first(tmp_path, monkeypatc
 
 
 def test_a_squatter_on_the_loopback_port_of_an_instance_listening_elsewhere_is_never_asked(instances):
-    from test_handoff_peers import LIAR_ANSWER, fake_peer
+    from peer_helpers import LIAR_ANSWER, fake_peer
     elsewhere = instances("elsewhere", listen="127.0.0.2", handoff="host").wait_ready()
     other = instances("other", handoff="host").wait_ready()
     asker = instances("asker", handoff="host").wait_ready()
