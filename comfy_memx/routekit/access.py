@@ -13,10 +13,10 @@ own ``POST /free`` does; but what costs CPU or reaches other instances is *guard
   ``evil.example`` whose name was rebound to 127.0.0.1 sends ``Host: evil.example``), and it is not cross-origin
   (``Sec-Fetch-Site: cross-site``, or an ``Origin`` other than the ``Host``: ComfyUI's ``--enable-cors-header``
   turns its own check of that off);
-* ``POST /memx/handoff`` (a peer asks this instance to unload): only with this instance's peer secret in
-  ``X-Memx-Peer``.  The secret is random per process and published only in the hand-off registry of its group, a
-  file in a folder only this user can read (``core.hostshare``): reading it proves the caller runs as this user,
-  on this host, in the same ``COMFY_MEMX_HANDOFF_GROUP``.
+* ``POST /memx/handoff`` (a peer asks this instance to unload): only a request signed with this instance's peer
+  secret (``sharing.peerproof``; the secret itself never travels).  The secret is random per process and published
+  only in the hand-off registry of its group, a file in a folder only this user can read (``core.hostshare``):
+  reading it proves the caller runs as this user, on this host, in the same ``COMFY_MEMX_HANDOFF_GROUP``.
 
 :func:`check` answers which of these a request satisfies; the routes turn a refusal into 403 (never telling the
 caller anything it could use to be let in).
@@ -30,7 +30,6 @@ from comfy_memx.core.state import STATE
 
 FORWARDING_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Real-IP")
 TOKEN_HEADER = "X-Memx-Token"
-PEER_HEADER = "X-Memx-Peer"
 
 
 def is_loopback(remote):
@@ -167,8 +166,3 @@ def refusal():
             "the server has no COMFY_MEMX_TOKEN set, so only loopback callers may")
     return (f"this route is allowed from loopback (with a Host that names this server: a loopback name or address, "
             f"or one of COMFY_MEMX_ALLOWED_HOSTS; not from a page of another origin), or with a token: {hint}")
-
-
-def peer_ok(request, own_secret):
-    """True when a ``POST /memx/handoff`` carries this instance's peer secret (``X-Memx-Peer``)."""
-    return same_secret(request.headers.get(PEER_HEADER), own_secret)

@@ -69,6 +69,12 @@ async def read_object(request, fields, empty=None):
     return parse_object(raw, fields, empty)
 
 
+async def read_bytes(request):
+    """``request``'s whole body as bytes, bounded as :func:`read_object` bounds it (for a route that checks a MAC
+    over the exact bytes before it parses them with :func:`parse_object`)."""
+    return await _read_bounded(request)
+
+
 def parse_object(raw, fields, empty=None):
     """:func:`read_object` for bytes already read (tests, other transports)."""
     if not raw.strip():

@@ -3,15 +3,17 @@ modules can move without touching a subscription.  No other wing calls it, and i
 are built with the route kit (``comfy_memx.routekit``), and its unloads go through the function the surface offers
 when the server starts (the signal ``worker_unload_offered``).
 
-:func:`serve` (routes and services on ComfyUI's server), :func:`prompt_started` / :func:`prompt_ended` (activity),
+:func:`serve` (routes and services on ComfyUI's server), :func:`prompt_started` / :func:`prompt_ended` (activity,
+and what a hand-off peer says it holds),
 :func:`before_load` (ask idle peers for room before a load).
 """
 
 import sys
 
+from comfy_memx.core.errors import internal_error
 from comfy_memx.core.state import STATE
-from comfy_memx.sharing import handoff, idle, routes, worker
-from comfy_memx.sharing.activity import prompt_ended, prompt_started  # noqa: F401
+from comfy_memx.sharing import activity, handoff, idle, routes, worker
+from comfy_memx.sharing.activity import prompt_started  # noqa: F401
 
 
 def serve(server):
@@ -20,8 +22,19 @@ def serve(server):
     (``worker_unload_offered``, see ``sharing.subscriptions``), so the two wings do not import each other."""
     routes.register(server)
     idle.start(server.prompt_queue)
-    cli_args = sys.modules.get("comfy.cli_args")
-    handoff.start_safely(getattr(getattr(cli_args, "args", None), "port", None))
+    args = getattr(sys.modules.get("comfy.cli_args"), "args", None)
+    handoff.start_safely(getattr(args, "port", None), getattr(args, "listen", None))
+
+
+def prompt_ended():
+    """A prompt ended: this instance is active; with ``COMFY_MEMX_HANDOFF=host`` it publishes what it holds now (the
+    bound of what its peers believe it freed)."""
+    activity.prompt_ended()
+    if STATE.config.handoff == "host":
+        try:
+            handoff.publish_held()
+        except Exception as exc:   # a registry gone bad since the start: logged once, the prompt goes on
+            internal_error("GPU hand-off registry", exc)
 
 
 def before_load(model_management, models):

@@ -1,36 +1,37 @@
 """``COMFY_MEMX_HANDOFF=host``: ComfyUI instances on one host hand the GPU to the one that needs it.
 
-Each instance registers itself (pid, device, the URL of its server on 127.0.0.1) in a host registry file
-(``comfy_memx.core.hostshare.HostRegistry``: entries of dead processes are dropped by the next access, so a crashed
-peer is never asked).  When an instance is about to load models onto a device that is short of free memory, it
-asks each peer on the same device, over ``POST /memx/handoff``, to unload; a peer answers only when its own queue
-is empty (a peer with a running or waiting prompt is never interrupted, so nothing its prompt needs is unloaded),
-and then unloads through its own prompt worker, exactly as ``/memx/free`` does.  The requester waits at most
-``COMFY_MEMX_HANDOFF_WAIT`` seconds in all, and both sides write a ``handoff`` event: who asked, who gave, the bytes
-asked and freed.  ``POST /memx/handoff/request?bytes=N`` asks the peers by hand (the same path, for operators and
-tests); on CPU-only machines (``--cpu``) nothing asks automatically, since there is no device memory to share.
+Each instance registers itself (pid, device, the URL of its server, the device bytes it holds) in a host registry
+file (``comfy_memx.core.hostshare.HostRegistry``: entries of dead processes are dropped by the next access, so a
+crashed peer is never asked).  The URL is on an address the server really listens on (``sharing.address``: never a
+loopback address it does not hold).  When an instance is about to load models onto a device that is short of free
+memory, it asks each peer on the same device, over ``POST /memx/handoff``, to unload; a peer answers only when its
+own queue is empty (a peer with a running or waiting prompt is never interrupted, so nothing its prompt needs is
+unloaded), and then unloads through its own prompt worker, exactly as ``/memx/free`` does.  The requester waits at
+most ``COMFY_MEMX_HANDOFF_WAIT`` seconds in all, and both sides write a ``handoff`` event: who asked, who gave, the
+bytes asked and freed.  ``POST /memx/handoff/request?bytes=N`` asks the peers by hand (the same path, for operators
+and tests); on CPU-only machines (``--cpu``) nothing asks automatically, since there is no device memory to share.
 
 Who belongs: the registry of a group (``COMFY_MEMX_HANDOFF_GROUP``, default ``default``) is a file of its own in
 this user's private folder (``core.hostshare.private_dir``), so only this user's instances of the same group find
-each other.  Each instance publishes a random peer secret there, and answers ``POST /memx/handoff`` only when the
-caller sends that secret back (``X-Memx-Peer``, checked by ``routekit.access``): being able to read the registry is
-the proof of membership.  A refusal never says this instance's device.
+each other.  Each instance publishes a random peer secret there; the secret never travels: a peer proves it is the
+registered one, and a request proves it comes from the group, by HMACs keyed by that secret over fresh nonces
+(``sharing.peerproof``), asked by ``sharing.asking``.  What is believed of an answer is bounded: a peer that does
+not prove itself, or does not answer a hello within ``sharing.asking.PEER_ANSWER_S`` seconds, is skipped (and the
+next one asked), and the bytes it says it freed are clipped to the bytes its registry entry says it holds
+(``held_bytes``, published at the end of each prompt and after each hand-off).  A refusal never says this
+instance's device.
 """
 
-import json
 import logging
 import os
 import secrets
 import sys
 import time
-import urllib.error
-import urllib.request
 
 from comfy_memx.core.comfyui import queue_busy
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.state import STATE
-from comfy_memx.routekit.access import PEER_HEADER
-from comfy_memx.sharing import worker
+from comfy_memx.sharing import address, asking, peerproof, worker
 
 log = logging.getLogger("comfy_memx")
 REGISTRY_NAME = "comfy_memx-instances"
@@ -44,7 +45,10 @@ class Handoff:
         self.registry = None
         self.device = None
         self.url = None
-        self.secret = None   # what a peer must send in X-Memx-Peer (random per process, published in the registry)
+        self.secret = None   # the key of this instance's proofs (random per process, published in the registry)
+        self.replays = peerproof.Replays()
+        self.held_bytes = None   # what this instance last published that it holds on its device
+        self.unproven = set()    # registry tokens of peers whose failed proof was logged (once each)
 
     def close(self):
         """Leave the registry (reset of the process state, shutdown)."""
@@ -68,20 +72,55 @@ def registry_path():
     return default_registry_path(f"{REGISTRY_NAME}-{STATE.config.handoff_group}")
 
 
-def start(port):
-    """Register this instance (its device and ``http://127.0.0.1:<port>``) when ``COMFY_MEMX_HANDOFF=host``."""
+def start(port, listen=None):
+    """Register this instance (its device and the URL of ``listen``/``port``: ``sharing.address``) when
+    ``COMFY_MEMX_HANDOFF=host``."""
     if STATE.config.handoff != "host" or port is None:
+        return None
+    url = address.advertised_url(listen, port)
+    if url is None:
+        log.warning("comfy_memx: GPU hand-off is off: no address of --listen %s can be advertised", listen)
         return None
     from comfy_memx.core.hostshare import HostRegistry
     handoff = part()
     handoff.registry = HostRegistry(registry_path())
     handoff.device = device_identity(sys.modules.get("comfy.model_management"))
-    handoff.url = f"http://127.0.0.1:{int(port)}"
+    handoff.url = url
     handoff.secret = secrets.token_urlsafe(24)
-    handoff.registry.publish(device=handoff.device, url=handoff.url, secret=handoff.secret)
+    handoff.held_bytes = held_bytes()
+    handoff.registry.publish(device=handoff.device, url=handoff.url, secret=handoff.secret,
+                             held_bytes=handoff.held_bytes)
     log.info("comfy_memx: GPU hand-off on: this instance (%s, device %s, group %s) is registered in %s", handoff.url,
              handoff.device, STATE.config.handoff_group, handoff.registry.path)
     return handoff
+
+
+def held_bytes():
+    """The bytes ComfyUI's loaded models hold on their devices now (what a hand-off could free at most)."""
+    mm = sys.modules.get("comfy.model_management")
+    total = 0
+    for entry in list(getattr(mm, "current_loaded_models", ())):
+        patcher = entry.model
+        total += int(patcher.loaded_size()) if patcher is not None else 0
+    return total
+
+
+def publish_held():
+    """Publish what this instance holds now, when it changed (the end of a prompt, after a hand-off): the bound of
+    what a peer believes it freed."""
+    handoff = part()
+    if handoff.registry is None:
+        return
+    now = held_bytes()
+    if now != handoff.held_bytes:
+        handoff.registry.publish(held_bytes=now)
+        handoff.held_bytes = now
+
+
+def identity():
+    """This instance's identity in its proofs (``sharing.peerproof.identity``)."""
+    handoff = part()
+    return peerproof.identity(handoff.registry.me, handoff.url)
 
 
 def device_identity(model_management):
@@ -132,38 +171,47 @@ def ask_peers(nbytes, reason="request"):
     for _key, peer in sorted(peers.items(), key=lambda item: (item[1].pid, str(item[0]))):
         if peer.data.get("device") != handoff.device or not peer.data.get("url"):
             continue
-        left = deadline - time.monotonic()
-        if left <= 0 or freed >= nbytes:
+        if deadline - time.monotonic() <= 0 or freed >= nbytes:
             break
-        pid = peer.pid
-        answer = _ask(peer.data["url"], {"bytes": nbytes - freed, "from": os.getpid(), "device": handoff.device,
-                                         "timeout": left}, left, secret=peer.data.get("secret"))
-        asked.append({"pid": pid, "status": answer.get("status")})
-        if answer.get("status") == "done":
-            freed += int(answer.get("freed_bytes") or 0)
-            givers.append({"pid": pid, "freed_bytes": int(answer.get("freed_bytes") or 0),
-                           "freed": answer.get("freed") or []})
+        answer = asking.ask(peer, {"bytes": nbytes - freed, "from": os.getpid(), "device": handoff.device},
+                            deadline)
+        row, gave = _credit(peer, answer)
+        asked.append(row)
+        if gave is not None:
+            freed += gave["freed_bytes"]
+            givers.append(gave)
     return STATE.events.emit("handoff", role="requester", reason=reason, device=handoff.device, asked_bytes=nbytes,
                              freed_bytes=freed, peers_asked=asked, givers=givers,
                              seconds=round(time.monotonic() - started, 3)) or {
         "role": "requester", "asked_bytes": nbytes, "freed_bytes": freed, "peers_asked": asked, "givers": givers}
 
 
-def _ask(url, body, timeout, secret=None):
-    if not url.startswith(("http://127.0.0.1:", "http://[::1]:", "http://localhost:")):
-        return {"status": "refused", "error": "peers are asked on loopback only"}
-    request = urllib.request.Request(url + "/memx/handoff", data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json", PEER_HEADER: secret or ""})
-    try:
-        with urllib.request.urlopen(request, timeout=max(0.5, timeout)) as response:
-            return json.loads(response.read() or b"{}")
-    except urllib.error.HTTPError as error:
-        try:
-            return json.loads(error.read() or b"{}")
-        except ValueError:
-            return {"status": f"http {error.code}"}
-    except (OSError, ValueError) as error:  # a peer that died since it registered, or answers nonsense
-        return {"status": "unreachable", "error": str(error)[:200]}
+def _whole(value):
+    """``value`` when it is a whole number >= 0 (not a bool), else 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _credit(peer, answer):
+    """The ``peers_asked`` row of ``peer``'s ``answer`` and its ``givers`` row (None when it gave nothing): the
+    bytes it says it freed, clipped to what its registry entry says it holds (``clipped_from`` then says what it
+    claimed).  A peer that did not prove itself is logged once."""
+    status = answer.get("status") if isinstance(answer.get("status"), str) else "bad_answer"
+    row = {"pid": peer.pid, "status": status}
+    if status == "unproven" and peer.token not in part().unproven:
+        part().unproven.add(peer.token)
+        log.warning("comfy_memx: hand-off peer pid %s at %s did not prove it is the registered instance (%s); it is "
+                    "skipped", peer.pid, peer.data.get("url"), answer.get("error"))
+    if status != "done":
+        return row, None
+    claimed = answer.get("freed_bytes")
+    claimed = int(claimed) if isinstance(claimed, (int, float)) and not isinstance(claimed, bool) and \
+        0 <= claimed < 2 ** 63 else 0
+    credited = min(claimed, _whole(peer.data.get("held_bytes")))
+    freed = answer.get("freed") if isinstance(answer.get("freed"), list) else []
+    gave = {"pid": peer.pid, "freed_bytes": credited, "freed": [str(model)[:200] for model in freed[:64]]}
+    if credited < claimed:
+        row["clipped_from"] = gave["clipped_from"] = claimed
+    return row, gave
 
 
 def give(queue, body):
@@ -185,14 +233,15 @@ def give(queue, body):
               "freed_bytes": receipt["freed_bytes"], "freed": [row["model_id"] for row in receipt["freed"]]}
     STATE.events.emit_request("handoff", role="giver", to=body.get("from"), device=handoff.device,
                       asked_bytes=body.get("bytes"), **answer)
+    publish_held()
     return 200, answer
 
 
-def start_safely(port):
+def start_safely(port, listen=None):
     """:func:`start`, logging instead of raising (the registry file may be unusable)."""
     from comfy_memx.core.hostshare import RegistryUnavailable
     try:
-        return start(port)
+        return start(port, listen)
     except RegistryUnavailable as exc:  # another user's folder or file, a link: not a bug of ours
         log.warning("comfy_memx: GPU hand-off is off: its registry cannot be used safely (%s)", exc)
         part().registry = part().secret = None

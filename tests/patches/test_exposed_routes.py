@@ -291,8 +291,8 @@ def test_a_handoff_body_split_across_segments_is_read_whole(tmp_path, monkeypatc
 
     async def scenario(comfy):
         handoff.start(1)
-        return await post_in_parts(comfy, "/memx/handoff", [b'{"bytes": 1, "from": 1, "device": ', b'"elsewhere"}'],
-                                   {access.PEER_HEADER: handoff.part().secret})
+        parts = [b'{"bytes": 1, "from": 1, "device": ', b'"elsewhere"}']
+        return await post_in_parts(comfy, "/memx/handoff", parts, peer_auth(b"".join(parts)))
 
     status, body = serve("0.27.0", tmp_path, scenario, **handoff_on(tmp_path, monkeypatch))
     assert (status, body["status"]) == (409, "other_device")
@@ -335,6 +335,15 @@ def handoff_on(tmp_path, monkeypatch):
     return {"handoff": "host"}
 
 
+def peer_auth(raw, secret=None, now=None):
+    """The headers of a ``POST /memx/handoff`` with body ``raw`` signed as a peer of the group signs it (with
+    ``secret``: as someone who guessed)."""
+    from comfy_memx.sharing import handoff, peerproof
+    auth = peerproof.request_auth(secret or handoff.part().secret, handoff.identity(), raw, peerproof.fresh_nonce(),
+                                  now=now)
+    return {peerproof.AUTH_HEADER: auth}
+
+
 @pytest.mark.parametrize("raw,kind", [
     (b'{"timeout": "abc"}', "bad_field"), (b"[1]", "bad_body"), (b'{"bytes": -5}', "bad_field"),
     (b'{"bytes": true}', "bad_field"), (b'{"from": 1.5}', "bad_field"), (b'{"device": 7}', "bad_field"),
@@ -345,7 +354,7 @@ def test_handoff_bodies_are_type_checked(tmp_path, monkeypatch, raw, kind):
 
     async def scenario(comfy):
         handoff.start(1)
-        return await post(comfy, "/memx/handoff", {access.PEER_HEADER: handoff.part().secret}, data=raw)
+        return await post(comfy, "/memx/handoff", peer_auth(raw), data=raw)
 
     status, body, _ = serve("0.27.0", tmp_path, scenario, **handoff_on(tmp_path, monkeypatch))
     assert (status, body["error"]) == (400, kind)
@@ -398,7 +407,7 @@ def test_body_numbers_are_ascii_json_numbers_bounded_or_400(tmp_path, monkeypatc
 
     async def scenario(comfy):
         handoff.start(1)
-        return await post(comfy, "/memx/handoff", {access.PEER_HEADER: handoff.part().secret}, data=raw)
+        return await post(comfy, "/memx/handoff", peer_auth(raw), data=raw)
 
     status, body, _ = serve("0.27.0", tmp_path, scenario, **handoff_on(tmp_path, monkeypatch))
     assert (status, body["error"]) == (400, kind)
@@ -416,32 +425,64 @@ def test_body_numbers_are_ascii_even_with_the_pure_python_json_scanner(monkeypat
         assert info.value.status == 400, raw
 
 
-def test_handoff_needs_the_peer_secret_and_never_names_the_device(tmp_path, monkeypatch):
-    from comfy_memx.sharing import handoff
+def test_handoff_needs_a_request_signed_with_the_peer_secret_and_never_names_the_device(tmp_path, monkeypatch):
+    import time
+    from comfy_memx.sharing import handoff, peerproof
 
     async def scenario(comfy):
         handoff.start(1)
         secret = handoff.part().secret
-        body = {"bytes": 1, "from": 1, "device": "guess", "timeout": 1}
-        return {"no_secret": await post(comfy, "/memx/handoff", json=body),
-                "wrong_secret": await post(comfy, "/memx/handoff", {access.PEER_HEADER: "x" * 32}, json=body),
-                "token_only": await post(comfy, "/memx/handoff", {"Authorization": "Bearer " + TOKEN}, json=body),
-                "other_device": await post(comfy, "/memx/handoff", {access.PEER_HEADER: secret}, json=body),
-                "remote_request": await post(comfy, "/memx/handoff/request?bytes=10", REMOTE),
-                "device": handoff.part().device}
+        raw = json.dumps({"bytes": 1, "from": 1, "device": "guess", "timeout": 1}).encode()
+        signed = peer_auth(raw)
+        answers = {"no_auth": await post(comfy, "/memx/handoff", data=raw),
+                   "wrong_secret": await post(comfy, "/memx/handoff", peer_auth(raw, secret="x" * 32), data=raw),
+                   "raw_secret": await post(comfy, "/memx/handoff", {"X-Memx-Peer": secret}, data=raw),
+                   "token_only": await post(comfy, "/memx/handoff", {"Authorization": "Bearer " + TOKEN}, data=raw),
+                   "other_body": await post(comfy, "/memx/handoff", signed, data=raw.replace(b'"from": 1', b'"from": 2')),
+                   "stale": await post(comfy, "/memx/handoff", peer_auth(raw, now=time.time() - 10 * peerproof.WINDOW_S),
+                                       data=raw),
+                   "other_device": await post(comfy, "/memx/handoff", signed, data=raw),
+                   "replayed": await post(comfy, "/memx/handoff", signed, data=raw),
+                   "remote_request": await post(comfy, "/memx/handoff/request?bytes=10", REMOTE),
+                   "device": handoff.part().device, "secret": secret}
+        return answers
 
     answers = serve("0.27.0", tmp_path, scenario, token=TOKEN, **handoff_on(tmp_path, monkeypatch))
-    for name in ("no_secret", "wrong_secret", "token_only"):
+    for name in ("no_auth", "wrong_secret", "raw_secret", "token_only", "other_body", "stale", "replayed"):
         assert answers[name][0] == 403 and answers[name][1]["error"] == "forbidden", name
-    status, body, _ = answers["other_device"]
+        assert peerproof.PROOF_HEADER not in answers[name][2], name
+    status, body, headers = answers["other_device"]
     assert status == 409 and body["status"] == "other_device"
     assert answers["device"] not in json.dumps(body) and "device" not in body
+    assert answers["secret"] not in json.dumps(body) + json.dumps(dict(headers))
     assert answers["remote_request"][0] == 403
+
+
+def test_the_hello_answers_a_proof_of_the_callers_nonce_and_nothing_else(tmp_path, monkeypatch):
+    from comfy_memx.sharing import handoff, peerproof
+    nonce = peerproof.fresh_nonce()
+
+    async def scenario(comfy):
+        handoff.start(1)
+        answers = {"hello": await post(comfy, peerproof.HELLO_PATH, json={"nonce": nonce}),
+                   "again": await post(comfy, peerproof.HELLO_PATH, json={"nonce": nonce}),
+                   "bad": await post(comfy, peerproof.HELLO_PATH, json={"nonce": "x" * 32}),
+                   "none": await post(comfy, peerproof.HELLO_PATH, json={})}
+        return answers, handoff.part().secret, handoff.identity()
+
+    (answers, secret, who) = serve("0.27.0", tmp_path, scenario, **handoff_on(tmp_path, monkeypatch))
+    status, body, _ = answers["hello"]
+    assert status == 200 and body == {"proof": peerproof.hello_proof(secret, nonce, who)}
+    assert answers["again"][1] == body                        # no state: a hello costs one HMAC
+    assert body["proof"] != peerproof.hello_proof(secret, peerproof.fresh_nonce(), who)
+    for name in ("bad", "none"):
+        assert answers[name][0] == 400 and answers[name][1]["error"] == "bad_nonce", name
 
 
 def test_handoff_routes_say_that_handoff_is_off_when_it_is(tmp_path):
     async def scenario(comfy):
-        return [await post(comfy, path, json={"bytes": 1}) for path in ("/memx/handoff", "/memx/handoff/request?bytes=1")]
+        return [await post(comfy, path, json={"bytes": 1}) for path in ("/memx/handoff", "/memx/handoff/request?bytes=1",
+                                                                       "/memx/handoff/hello")]
 
     for status, body, _ in serve("0.27.0", tmp_path, scenario):
         assert status == 404 and body["error"] == "handoff_off" and "COMFY_MEMX_HANDOFF=host" in body["message"]

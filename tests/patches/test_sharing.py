@@ -12,7 +12,7 @@ import pytest
 
 from comfy_memx.core.state import STATE
 from comfy_memx.core.hostshare import Peer
-from comfy_memx.sharing import handoff
+from comfy_memx.sharing import asking, handoff
 from fake_comfy.loader import PACKS_DIR, shape_root
 from memx_helpers import memx_on, read_events
 from test_server_process import HOST, call, free_port
@@ -42,9 +42,9 @@ NODE_CLASS_MAPPINGS = {"Sleep": Sleep}
 class Instance:
     """One stand-in ComfyUI 0.27.0 process started with COMFY_MEMX=1 and ``settings``."""
 
-    def __init__(self, tmp_path, name, runtime_dir, **settings):
+    def __init__(self, tmp_path, name, runtime_dir, listen=HOST, **settings):
         self.port = free_port()
-        self.url = f"http://{HOST}:{self.port}"
+        self.url = f"http://{listen}:{self.port}"
         nodes_dir = tmp_path / name / "custom_nodes"
         shutil.copytree(os.path.join(PACKS_DIR, "leaky_pack"), nodes_dir / "leaky_pack")
         (nodes_dir / "sleepy_pack").mkdir()
@@ -57,7 +57,7 @@ class Instance:
         self.log = tmp_path / name / "server.log"
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, os.path.join(shape_root("0.27.0"), "main.py"), "--cpu", "--listen", HOST,
+                [sys.executable, os.path.join(shape_root("0.27.0"), "main.py"), "--cpu", "--listen", listen,
                  "--port", str(self.port)], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(tmp_path))
         self.pid = self.process.pid
 
@@ -113,8 +113,8 @@ def leaky(name):
 def instances(tmp_path):
     started = []
 
-    def start(name, **settings):
-        instance = Instance(tmp_path, name, tmp_path, **settings)
+    def start(name, listen=HOST, **settings):
+        instance = Instance(tmp_path, name, tmp_path, listen, **settings)
         started.append(instance)
         return instance
     yield start
@@ -186,13 +186,13 @@ def test_a_load_short_of_device_memory_asks_the_peers_first(tmp_path, monkeypatc
         handoff.start(1)
         asked = []
 
-        def answer(url, body, timeout, secret=None):
-            asked.append((url, body["bytes"], body["device"]))
+        def answer(peer, body, deadline):
+            asked.append((peer.data["url"], body["bytes"], body["device"]))
             return {"status": "done", "freed_bytes": body["bytes"], "freed": ["BaseModel#7"]}
-        monkeypatch.setattr(handoff, "_ask", answer)
+        monkeypatch.setattr(asking, "ask", answer)
         monkeypatch.setattr(handoff.part().registry, "peers", lambda: {
-            4242: Peer(4242, 0, {"device": handoff.part().device, "url": "http://127.0.0.1:9"}),
-            4343: Peer(4343, 0, {"device": "cuda:other", "url": "http://127.0.0.1:10"})})
+            4242: Peer(4242, 0, {"device": handoff.part().device, "url": "http://127.0.0.1:9", "held_bytes": 2 ** 40}),
+            4343: Peer(4343, 0, {"device": "cuda:other", "url": "http://127.0.0.1:10", "held_bytes": 2 ** 40})})
         from fake_comfy.loader import make_patcher
         small = make_patcher(tensor_count=2, tensor_numel=1024)
         mm.load_models_gpu([small])
@@ -207,3 +207,25 @@ def test_a_load_short_of_device_memory_asks_the_peers_first(tmp_path, monkeypatc
         assert event["role"] == "requester" and event["reason"] == "load" and event["freed_bytes"] == nbytes
         assert event["givers"] == [{"pid": 4242, "freed_bytes": nbytes, "freed": ["BaseModel#7"]}]
         assert STATE.config.handoff == "host"
+
+
+def test_a_squatter_on_the_loopback_port_of_an_instance_listening_elsewhere_is_never_asked(instances):
+    from peer_helpers import LIAR_ANSWER, fake_peer
+    elsewhere = instances("elsewhere", listen="127.0.0.2", handoff="host").wait_ready()
+    other = instances("other", handoff="host").wait_ready()
+    asker = instances("asker", handoff="host").wait_ready()
+    elsewhere.run(leaky("a"))
+    other.run(leaky("b"))
+    squatter = fake_peer(port=elsewhere.port)      # another user binds 127.0.0.1:<its port>
+    try:
+        status, answer = call("POST", asker.url + "/memx/handoff/request?bytes=%d" % 2 ** 40)
+    finally:
+        squatter.shutdown()
+    registry = json.loads((asker.events.parent.parent / "comfy_memx-instances-default.json").read_text())
+    urls = {entry["pid"]: entry["data"]["url"] for entry in registry.values()}
+    assert squatter.seen == [], squatter.seen                       # never asked: no secret, no nonce
+    assert urls[elsewhere.pid] == elsewhere.url                     # the address it listens on
+    assert status == 200 and LIAR_ANSWER["freed_bytes"] > answer["freed_bytes"] > 0, answer
+    assert sorted(row["pid"] for row in answer["peers_asked"] if row["status"] == "done") == sorted(
+        [elsewhere.pid, other.pid]), answer
+    assert elsewhere.states() == other.states() == ["offloaded"]

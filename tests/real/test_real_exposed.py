@@ -4,15 +4,19 @@ attacked from a network namespace of the test's own (``netns_helpers``) and from
 
 * the guarded routes (holder search, ``/memx/free``'s searches, ``/memx/handoff/request``) refuse a non-loopback
   caller without ``COMFY_MEMX_TOKEN`` and serve it with the token; ``/memx/free`` itself and the read routes answer
-  it as ComfyUI's own routes would; ``/memx/handoff`` answers only the peer secret of its group's registry, and its
-  409 never names the device; no answer shows a client address;
+  it as ComfyUI's own routes would; ``/memx/handoff`` answers only a request signed with the peer secret of its
+  group's registry (the raw secret is refused), and its 409 never names the device; no answer shows a client
+  address;
 * hostile bodies (100k levels deep, oversized, wrong types, ``NaN``/``1e999``) and query numbers (``²``, ``５``,
   signs, exponents, overlong) get 400/413, never 500, and leave no traceback or internal error in the log; a body
   split across TCP segments is read whole;
 * from loopback, a browser's request from a page of a rebound name (``Host: evil.example``) or of another origin
   gets 403 from the guarded routes unless it has the token, with and without ComfyUI's ``--enable-cors-header``;
 * the events file: a FIFO makes the launcher exit 2 naming ``--events`` before ComfyUI starts; a file renamed
-  (logrotate) is reopened and the next events land in the new one.
+  (logrotate) is reopened and the next events land in the new one;
+* hand-off: a server listening on a non-loopback address (``--listen 10.213.n.1``) advertises that address, and a
+  squatter that binds ``127.0.0.1:<its port>`` (another local user) is never asked, never sees the peer secret and
+  is never credited; the real peer is asked and gives.
 """
 
 import json
@@ -181,13 +185,20 @@ def test_real_server_exposed_on_all_interfaces(tree, memx_importable_by_real_pyt
                                         [b'{"unload_models": ', b'true, "free_memory": false}'])
         assert status == 200 and receipt["request"] == {"unload_models": True, "free_memory": False}, receipt
         registry = json.loads((runtime / "comfy_memx-instances-default.json").read_text())
-        [entry] = registry.values()
-        peer = {"X-Memx-Peer": entry["data"]["secret"]}   # readable only by this user: the group's proof
+        [(token, entry)] = registry.items()
+
+        def peer(data):   # signed with the secret that only this user can read: the group's proof
+            from comfy_memx.sharing import peerproof
+            who = peerproof.identity(token, entry["data"]["url"])
+            return {peerproof.AUTH_HEADER: peerproof.request_auth(entry["data"]["secret"], who, data,
+                                                                  peerproof.fresh_nonce())}
         for data in (b'{"timeout": "abc"}', b"[1]", b'{"bytes": -1}', b"{" * 50 + b"}" * 50):
-            status, body = raw_call(session, "/memx/handoff", data, peer)
+            status, body = raw_call(session, "/memx/handoff", data, peer(data))
             assert status == 400, (data, status, body)
-        status, body = raw_call(session, "/memx/handoff", json.dumps({"bytes": 1, "from": 1, "device": "x"}).encode(),
-                                peer)
+        data = json.dumps({"bytes": 1, "from": 1, "device": "x"}).encode()
+        status, body = raw_call(session, "/memx/handoff", data, {"X-Memx-Peer": entry["data"]["secret"]})
+        assert status == 403, (status, body)                # the raw secret is no credential
+        status, body = raw_call(session, "/memx/handoff", data, peer(data))
         assert status == 409 and body["status"] == "other_device" and entry["data"]["device"] not in json.dumps(body)
 
         # logrotate: the file is renamed, the next events go to a new file at the same path.
@@ -219,3 +230,41 @@ def test_real_launcher_refuses_a_fifo_as_events_file(tree, memx_importable_by_re
                           capture_output=True, text=True, timeout=120, cwd=str(tmp_path), env=drive.inherited_env())
     assert done.returncode == 2, done.stderr[-2000:]
     assert "--events" in done.stderr and "FIFO" in done.stderr
+
+
+@needs_real_comfyui
+@pytest.mark.parametrize("tree", real_trees)
+def test_real_handoff_never_asks_a_squatter_on_the_loopback_port_of_a_peer_listening_elsewhere(
+        tree, memx_importable_by_real_python, tmp_path):  # noqa: F811
+    if not memx_importable_by_real_python:
+        pytest.skip(f"comfy_memx is not installed for {configured_python()} (pip install --no-deps)")
+    from peer_helpers import LIAR_ANSWER, fake_peer
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    env = {"COMFY_MEMX_HANDOFF": "host", "XDG_RUNTIME_DIR": str(runtime)}
+    with remote_namespace() as (_namespace, address, _there):
+        giver = drive.Session(tree, configured_python(), str(tmp_path / "giver"), launcher="module", env=env,
+                              comfy_args=["--listen", address])
+        giver.server.base_url = giver.base_url = f"http://{address}:{giver.port}"
+        asker = drive.Session(tree, configured_python(), str(tmp_path / "asker"), launcher="module", env=env)
+        squatter = None
+        try:
+            assert giver.start(), where(giver)
+            assert asker.start(), where(asker)
+            held = giver.prompt("held", {"1": drive.loader_node("memx-handoff"), "2": drive.sampler_node("1", 1)})
+            assert held["ok"], (held, where(giver))
+            squatter = fake_peer(port=giver.port)          # another user binds 127.0.0.1:<the giver's port>
+            answer = asker.call("handoff", "POST", "/memx/handoff/request?bytes=%d" % 2 ** 40)["body"]
+            registry = json.loads((runtime / "comfy_memx-instances-default.json").read_text())
+        finally:
+            if squatter is not None:
+                squatter.shutdown()
+            giver.stop()
+            asker.stop()
+    assert squatter.seen == [], squatter.seen                       # no secret, no nonce, nothing
+    assert sorted(entry["data"]["url"] for entry in registry.values()) == sorted([giver.base_url, asker.base_url])
+    assert [row["status"] for row in answer["peers_asked"]] == ["done"], answer
+    assert 0 < answer["freed_bytes"] < LIAR_ANSWER["freed_bytes"], answer
+    for session in (giver, asker):
+        text = session.log_text()
+        assert "Traceback" not in text and "comfy_memx: internal error" not in text, where(session)
