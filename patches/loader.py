@@ -9,7 +9,7 @@ Fires ``file_loaded`` (``comfy_memx.core.signals``); the event's fields, and why
 ``comfy_memx.ledger.fileloads``'s.  With no event
 listener the wrapper checks that and calls through.
 
-Checked against ComfyUI 0.3.64 and 0.27.0 (both ``load_torch_file(ckpt, safe_load=False, device=None,
+Checked against ComfyUI 0.3.64, 0.27.0 and 0.33.0 (all three ``load_torch_file(ckpt, safe_load=False, device=None,
 return_metadata=False)``; 0.27.0 reads through ``load_safetensors`` when aimdo is enabled, which this wrapper covers
 because ``load_torch_file`` calls it).  Return values and exceptions (including ComfyUI's rewritten "corrupt or
 incomplete" ``ValueError``) pass through untouched.

@@ -1,6 +1,6 @@
 """The base of every patch module: one class per ComfyUI module that comfy_memx wraps.
 
-A patch module (``comfy_memx/patches/<area>.py``) defines a subclass of :class:`Patch` and an instance of it named
+A patch module (``patches/<area>.py`` in a checkout, ``comfy_memx/patches/<area>.py`` in a built package) defines a subclass of :class:`Patch` and an instance of it named
 ``PATCH``.  The subclass only declares ``name``, ``target`` (the ComfyUI module) and ``sites`` (dotted attribute ->
 wrapper factory), and may override :meth:`Patch.after_patch`, :meth:`Patch.before_unpatch` and
 :meth:`Patch.adopt`; the public :meth:`Patch.patch` and :meth:`Patch.unpatch` are owned here, as OpenTelemetry's
