@@ -57,6 +57,8 @@ import time
 import urllib.error
 import urllib.request
 
+from bench.harness import waits
+
 HOST = "127.0.0.1"
 NODE_PACK_NAME = "memx_test_nodes"
 NODE_PACK_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), NODE_PACK_NAME)
@@ -214,14 +216,12 @@ class ComfyServer:
         return self.process is not None and self.process.poll() is None
 
     def wait_ready(self, timeout):
-        """Poll ``GET /system_stats`` until it answers 200; return the stats, or None on timeout or early exit."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.alive():
-            status, body = http_call("GET", self.base_url + "/system_stats", timeout=2.0)
-            if status == 200 and isinstance(body, dict):
-                return body
-            time.sleep(0.25)
-        return None
+        """Poll ``GET /system_stats`` until it answers 200; return the stats, or None when the server exited or its
+        log did not grow for ``timeout`` seconds (a slow start that keeps logging is waited for)."""
+        try:
+            return waits.wait_for_server(self.base_url, self.process, self.log_path, stall_s=timeout)
+        except waits.WaitFailed:
+            return None
 
     def stop(self, grace=15.0):
         """Stop the server: SIGINT, then SIGTERM to its process group, then SIGKILL; return its exit code."""
@@ -261,16 +261,12 @@ def submit_prompt(server, prompt, client_id="memx-drive"):
 
 
 def wait_for_history(server, prompt_id, timeout):
-    """Poll ``GET /history/<id>`` until the prompt has finished; return its history entry or None."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and server.alive():
-        status, body = http_call("GET", f"{server.base_url}/history/{prompt_id}")
-        if status == 200 and isinstance(body, dict) and prompt_id in body:
-            entry = body[prompt_id]
-            if entry.get("status", {}).get("completed") is not None or entry.get("outputs"):
-                return entry
-        time.sleep(0.2)
-    return None
+    """Wait until the prompt has its ``/history`` entry and return it; None when the server exited or neither the
+    prompt's place in ``/queue`` nor the server log moved for ``timeout`` seconds (a slow prompt is waited for)."""
+    try:
+        return waits.wait_for_prompt(server.base_url, prompt_id, server.alive, server.log_path, stall_s=timeout)
+    except waits.WaitFailed:
+        return None
 
 
 def run_prompt_step(server, step, timeout):
@@ -295,7 +291,7 @@ def finish_prompt_record(server, record, timeout):
     """Wait for the prompt of ``record`` through ``/history`` and fill in its status, outputs and messages."""
     entry = wait_for_history(server, record["prompt_id"], timeout)
     if entry is None:
-        record["error"] = "no history entry before timeout or server exit"
+        record["error"] = "no history entry: the server exited or made no progress for the stall window"
         return record
     run_status = entry.get("status", {})
     record["status_str"] = run_status.get("status_str")
@@ -555,20 +551,22 @@ class Session:
         record["seconds"] = round(time.monotonic() - record.pop("submitted"), 3)
         return self._record(record, record.pop("mark"))
 
-    def wait_running(self, prompt_id, timeout=30.0):
-        """Poll ``GET /queue`` until ``prompt_id`` is the running prompt; True when it was seen running."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.alive():
-            status, body = http_call("GET", self.base_url + "/queue", timeout=5.0)
-            if status == 200 and isinstance(body, dict):
-                if any(isinstance(item, list) and len(item) > 1 and item[1] == prompt_id
-                       for item in body.get("queue_running", [])):
-                    return True
-            status, body = http_call("GET", f"{self.base_url}/history/{prompt_id}", timeout=5.0)
-            if status == 200 and isinstance(body, dict) and prompt_id in body:
-                return False  # already finished
-            time.sleep(0.05)
-        return False
+    def wait_running(self, prompt_id, timeout=waits.STALL_S):
+        """Poll ``GET /queue`` until ``prompt_id`` is the running prompt; True when it was seen running, False when
+        it had already finished, the server exited, or nothing moved for ``timeout`` seconds."""
+        seen = {}
+
+        def ready():
+            seen["place"] = waits.place_of(prompt_id, http_call("GET", self.base_url + "/queue", timeout=5.0),
+                                           http_call("GET", f"{self.base_url}/history/{prompt_id}", timeout=5.0))
+            return seen["place"][0] in ("running", "done")
+
+        try:
+            waits.wait_until(ready, self.alive, lambda: (seen.get("place"), waits.log_size(self.log_path)()),
+                             f"prompt {prompt_id} to start", timeout, poll_s=0.05)
+        except waits.WaitFailed:
+            return False
+        return seen["place"][0] == "running"
 
     def call(self, name, method, path, body=None, timeout=30.0):
         """One HTTP call to the server as a step; returns its record (``http_status``, ``body``)."""

@@ -19,10 +19,11 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
+
+from bench.harness import waits
 
 HOST = "127.0.0.1"
 BINARY_ENV = "COMFY_MEMX_PROMETHEUS"
@@ -88,13 +89,13 @@ class PrometheusServer:
         return self.process is not None and self.process.poll() is None
 
     def wait_ready(self, timeout=60.0):
-        """Poll ``/-/ready`` until it answers 200 (True) or ``timeout`` passes or the process exits (False)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.alive():
-            if self._get("/-/ready", raw=True)[0] == 200:
-                return True
-            time.sleep(0.2)
-        return False
+        """Poll ``/-/ready`` until it answers 200 (True); False when the process exits or its log did not grow for
+        ``timeout`` seconds (a slow start that keeps logging is waited for)."""
+        try:
+            return waits.wait_until(lambda: self._get("/-/ready", raw=True)[0] == 200, self.alive,
+                                    waits.log_size(self.log_path), "Prometheus to be ready", timeout, poll_s=0.2)
+        except waits.WaitFailed:
+            return False
 
     def _get(self, path, params=None, raw=False, timeout=10.0):
         url = self.url + path + ("?" + urllib.parse.urlencode(params, doseq=True) if params else "")

@@ -8,11 +8,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from urllib.parse import quote
 
 import pytest
 
+from bench.harness.waits import process_alive, wait_for_prompt, wait_for_server
 from fake_comfy.loader import PACKS_DIR, shape_root
 from netns_helpers import call_from, remote_namespace
 from test_server_process import call, free_port
@@ -35,15 +35,8 @@ def server(tmp_path):
                                    stdout=out, stderr=subprocess.STDOUT, env=env, cwd=str(tmp_path))
     local = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(600):
-            try:
-                if call("GET", local + "/system_stats", timeout=2)[0] == 200:
-                    break
-            except OSError:
-                pass
-            assert process.poll() is None, log.read_text()
-            time.sleep(0.1)
-        yield port, local
+        wait_for_server(local, process, log)
+        yield port, local, process_alive(process)
     finally:
         process.send_signal(signal.SIGINT)
         try:
@@ -54,23 +47,20 @@ def server(tmp_path):
         assert "Traceback" not in log.read_text()
 
 
-def leak(local):
+def leak(local, alive):
     for name, keep in (("a", True), ("b", False)):
         status, body = call("POST", local + "/prompt", {"prompt": {
             "1": {"class_type": "LeakyLoader", "inputs": {"name": name, "leak": keep}},
             "2": {"class_type": "LeakySampler", "inputs": {"model": ["1", 0]}}}})
         assert status == 200, body
-        for _ in range(600):
-            if body["prompt_id"] in call("GET", f"{local}/history/{body['prompt_id']}")[1]:
-                break
-            time.sleep(0.05)
+        wait_for_prompt(local, body["prompt_id"], alive)
     rows = call("GET", local + "/memx/models")[1]
     return next(r["model_id"] for r in rows if r["state"] == "leaked")
 
 
 def test_guarded_routes_from_a_non_loopback_address_need_the_token(server):
-    port, local = server
-    model_id = leak(local)
+    port, local, alive = server
+    model_id = leak(local, alive)
     search = f"/memx/models/{quote(model_id, safe='')}/search"
     with remote_namespace() as (namespace, address, _there):
         remote = f"http://{address}:{port}"

@@ -401,6 +401,16 @@ def test_executor_node_context_and_one_cleanup_per_prompt(fake_comfy, monkeypatc
     assert calls == [1]
 
 
+def test_ram_pressure_eviction_mid_prompt_keeps_the_inputs_of_the_nodes_still_to_run(fake_comfy_0270, caplog):
+    import execution
+    # RAM always short of the headroom: after every node the RAM-pressure step evicts even the active entries.
+    e = execution.PromptExecutor(None, cache_type=execution.CacheType.RAM_PRESSURE,
+                                 cache_args={"ram": 1 << 20, "ram_inactive": 1 << 20})
+    e.execute(LOADER_PROMPT, "p")
+    assert e.success and "Exception during processing" not in caplog.text
+    assert e.caches.outputs.entries == {}          # the loader's output was evicted before the sampler ran
+
+
 def test_executor_oom_unloads_all_models(fake_comfy, caplog):
     mm = fake_comfy
     e = executor()

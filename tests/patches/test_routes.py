@@ -12,6 +12,7 @@ import weakref
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from bench.harness.waits import always, no_progress, wait_for_prompt_async, wait_until_async
 from comfy_memx.routekit import replies
 from comfy_memx.surface import freeing
 from comfy_memx.surface import metrics
@@ -72,13 +73,9 @@ class Comfy:
         response = await self.client.post("/prompt", json={"prompt": prompt})
         assert response.status == 200, await response.text()
         prompt_id = (await response.json())["prompt_id"]
-        for _ in range(600):
-            history = await (await self.client.get(f"/history/{prompt_id}")).json()
-            if prompt_id in history:
-                assert history[prompt_id]["status"]["status_str"] == "success", history
-                return prompt_id
-            await asyncio.sleep(0.02)
-        raise AssertionError(f"prompt {prompt_id} did not finish")
+        entry = await wait_for_prompt_async(self.get_json, prompt_id)
+        assert entry["status"]["status_str"] == "success", entry
+        return prompt_id
 
     async def queue(self, prompt):
         response = await self.client.post("/prompt", json={"prompt": prompt})
@@ -316,10 +313,7 @@ def test_concurrent_free_requests_wait_for_the_running_prompt_and_share_one_unlo
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, Gate.entered.wait, 30)
         requests = [asyncio.create_task(comfy.free(timeout=30)) for _ in range(2)]
-        for _ in range(400):                      # both requests reach the handler (bounded: 20 s)
-            if freeing.waiting() == 2:
-                break
-            await asyncio.sleep(0.05)
+        await wait_until_async(lambda: freeing.waiting() == 2, always, no_progress, "both requests at the handler")
         assert freeing.waiting() == 2
         assert not any(r.done() for r in requests), "a receipt came back while the prompt was still running"
         models_status, rows = await comfy.get_json("/memx/models")   # the event loop still serves
@@ -530,18 +524,14 @@ def test_a_free_read_by_the_worker_just_before_ours_is_not_our_receipt(version, 
         read, release = pause_after_reading_flags(queue)
         response = await comfy.client.post("/free", json={"unload_models": True})   # another client
         assert response.status == 200
-        for _ in range(300):   # ComfyUI's worker can miss the wake-up of a flag set while it finishes a turn
-            if read.is_set():
-                break
+        def read_or_nudge():   # ComfyUI's worker can miss the wake-up of a flag set while it finishes a turn
             with queue.mutex:
                 queue.not_empty.notify()
-            await asyncio.sleep(0.1)
+            return read.is_set()
+        await wait_until_async(read_or_nudge, always, no_progress, "the worker reading the other client's flags")
         assert read.is_set()
         ours = asyncio.create_task(comfy.free({"unload_models": True, "free_memory": True}, timeout=30))
-        for _ in range(400):
-            if freeing.waiting() == 1:
-                break
-            await asyncio.sleep(0.05)
+        await wait_until_async(lambda: freeing.waiting() == 1, always, no_progress, "our request at the handler")
         release.set()
         status, receipt = await ours
         await asyncio.sleep(0.2)

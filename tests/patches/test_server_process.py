@@ -8,12 +8,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 
 import pytest
 
+from bench.harness.waits import process_alive, wait_for_prompt, wait_for_server
 from fake_comfy.loader import PACKS_DIR, shape_root
 
 VERSIONS = ["0.27.0"]   # both shapes are served in-process by test_routes.py
@@ -53,28 +53,16 @@ class Server:
                  os.path.join(shape_root(version), "main.py"), "--cpu", "--listen", HOST, "--port", str(self.port)],
                 stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(tmp_path))
 
-    def wait_ready(self, timeout=120):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.process.poll() is None:
-            try:
-                if call("GET", self.url + "/system_stats", timeout=2)[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"the stand-in did not answer:\n{self.log.read_text()}")
+    def wait_ready(self):
+        wait_for_server(self.url, self.process, self.log)
 
     def run(self, prompt):
         status, body = call("POST", self.url + "/prompt", {"prompt": prompt})
         assert status == 200, body
         prompt_id = body["prompt_id"]
-        for _ in range(600):
-            status, history = call("GET", f"{self.url}/history/{prompt_id}")
-            if prompt_id in history:
-                assert history[prompt_id]["status"]["status_str"] == "success", history
-                return prompt_id
-            time.sleep(0.05)
-        raise AssertionError(f"prompt {prompt_id} did not finish")
+        entry = wait_for_prompt(self.url, prompt_id, process_alive(self.process), self.log)
+        assert entry["status"]["status_str"] == "success", entry
+        return prompt_id
 
     def stop(self):
         if self.process.poll() is None:

@@ -13,6 +13,7 @@ import pytest
 from comfy_memx.core.state import STATE
 from comfy_memx.core.hostshare import Peer
 from comfy_memx.sharing import asking, handoff
+from bench.harness.waits import no_progress, process_alive, wait_for_prompt, wait_for_server, wait_until
 from fake_comfy.loader import PACKS_DIR, shape_root
 from memx_helpers import memx_on, read_events
 from test_server_process import HOST, call, free_port
@@ -61,16 +62,9 @@ class Instance:
                  "--port", str(self.port)], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(tmp_path))
         self.pid = self.process.pid
 
-    def wait_ready(self, timeout=120):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.process.poll() is None:
-            try:
-                if call("GET", self.url + "/system_stats", timeout=2)[0] == 200:
-                    return self
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"the stand-in did not answer:\n{self.log.read_text()}")
+    def wait_ready(self):
+        wait_for_server(self.url, self.process, self.log)
+        return self
 
     def queue(self, prompt):
         status, body = call("POST", self.url + "/prompt", {"prompt": prompt})
@@ -79,13 +73,14 @@ class Instance:
 
     def run(self, prompt):
         prompt_id = self.queue(prompt)
-        for _ in range(1200):
-            history = call("GET", f"{self.url}/history/{prompt_id}")[1]
-            if prompt_id in history:
-                assert history[prompt_id]["status"]["status_str"] == "success", history
-                return prompt_id
-            time.sleep(0.05)
-        raise AssertionError(f"prompt {prompt_id} did not finish")
+        entry = wait_for_prompt(self.url, prompt_id, process_alive(self.process), self.log)
+        assert entry["status"]["status_str"] == "success", entry
+        return prompt_id
+
+    def wait_events(self, kind, count):
+        """Wait (bounded by the server's life and the stall window) until ``count`` events of ``kind`` are written."""
+        wait_until(lambda: len(self.events_of(kind)) >= count, process_alive(self.process), no_progress,
+                   f"{count} {kind} event(s)")
 
     def states(self):
         return sorted(row["state"] for row in call("GET", self.url + "/memx/models")[1])
@@ -126,10 +121,7 @@ def test_an_idle_server_unloads_its_models_once_per_idle_period(instances):
     server = instances("idle", idle_unload=1).wait_ready()
     server.run(leaky("a"))
     assert server.states() == ["loaded"]
-    for _ in range(100):
-        if server.events_of("idle_unload"):
-            break
-        time.sleep(0.1)
+    server.wait_events("idle_unload", 1)
     [event] = server.events_of("idle_unload")
     assert event["status"] == "done" and event["freed_bytes"] > 0 and len(event["freed"]) == 1
     assert server.states() == ["offloaded"]             # unloaded by the worker; ComfyUI's cache keeps it
@@ -139,10 +131,7 @@ def test_an_idle_server_unloads_its_models_once_per_idle_period(instances):
     time.sleep(2.5)
     assert len(server.events_of("idle_unload")) == 1      # once per idle period
     server.run(leaky("b"))                                # a new prompt (and load) starts a new idle period
-    for _ in range(100):
-        if len(server.events_of("idle_unload")) == 2:
-            break
-        time.sleep(0.1)
+    server.wait_events("idle_unload", 2)
     assert len(server.events_of("idle_unload")) == 2
     assert "comfy_memx: the queue was idle for 1 s" in server.stop()
 
@@ -171,12 +160,12 @@ def test_a_busy_peer_is_never_interrupted_and_a_crashed_one_is_ignored(instances
     asker = instances("asker", handoff="host").wait_ready()
     busy.run(leaky("a"))
     crashed.stop(kill=True)
-    busy.queue({"9": {"class_type": "Sleep", "inputs": {"seconds": 4.0}}})
+    sleeping = busy.queue({"9": {"class_type": "Sleep", "inputs": {"seconds": 4.0}}})
     time.sleep(0.5)
     status, answer = call("POST", asker.url + "/memx/handoff/request?bytes=1000")
     assert status == 200 and answer["freed_bytes"] == 0 and answer["givers"] == []
     assert answer["peers_asked"] == [{"pid": busy.pid, "status": "busy"}]   # the killed one is not asked
-    time.sleep(4.0)
+    wait_for_prompt(busy.url, sleeping, process_alive(busy.process), busy.log)   # the whole busy period
     assert busy.events_of("unload") == [] and busy.events_of("handoff") == []
 
 

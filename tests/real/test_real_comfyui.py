@@ -47,7 +47,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness import drive, pack_source
+from bench.harness import drive, pack_source, waits
 from memx_helpers import load_module
 
 REAL_COMFY_DIR = Path(__file__).parents[1] / "real_comfy"
@@ -1190,15 +1190,10 @@ def test_same_device_events_claim_no_transfer_rate(tree, real_session):
 # Handing the GPU over: the idle unload and the hand-off request/receipt path between two real servers on one host
 # ---------------------------------------------------------------------------------------------------------------
 
-def wait_for_event(session, kind, timeout=30.0):
-    """The first ``kind`` event of the session's log, waiting up to ``timeout`` seconds for it."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = [e for e in session.events() if e["event"] == kind]
-        if found:
-            return found[0]
-        time.sleep(0.25)
-    return None
+def wait_for_event(session, kind):
+    """The first ``kind`` event of the session's log, waiting while the server lives and logs (``waits``)."""
+    return waits.wait_until(lambda: next((e for e in session.events() if e["event"] == kind), None), session.alive,
+                            waits.log_size(session.log_path), f"a {kind} event", poll_s=0.25)
 
 
 @needs_real_comfyui

@@ -27,6 +27,7 @@ from urllib.parse import quote
 
 import pytest
 
+from bench.harness import waits
 from netns_helpers import call_from, remote_namespace
 from test_real_comfyui import (configured_python, drive, memx_importable_by_real_python, memx_lines,  # noqa: F401
                                needs_real_comfyui, real_trees, where)
@@ -207,10 +208,8 @@ def test_real_server_exposed_on_all_interfaces(tree, memx_importable_by_real_pyt
         again = session.prompt("after_rotate", {"1": drive.loader_node("memx-rotated"),
                                                 "2": drive.sampler_node("1", 2)})
         assert again["ok"], (again, where(session))
-        for _ in range(100):
-            if os.path.exists(events) and '"event":"load"' in open(events).read():
-                break
-            time.sleep(0.1)
+        waits.wait_until(lambda: os.path.exists(events) and '"event":"load"' in open(events).read(), session.alive,
+                         waits.log_size(session.log_path), "the load event in the new events file")
         assert any(json.loads(line)["event"] == "load" for line in open(events)), where(session)
     finally:
         session.stop()

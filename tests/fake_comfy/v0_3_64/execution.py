@@ -111,6 +111,40 @@ async def get_output_data(prompt_id, unique_id, obj, input_data_all, execution_b
     return result
 
 
+class _PromptLinks:
+    """The outputs that the nodes of one prompt still to run link to, held from when they are known until the last
+    node that reads them has had its turn.  ComfyUI's ExecutionList keeps them so for its pending nodes, which is why
+    a RAM-pressure eviction of the output cache in the middle of a prompt never takes a node's inputs away."""
+
+    def __init__(self, prompt, order):
+        self.prompt = prompt
+        self.held = {}
+        self.readers = {}
+        for node_id in order:
+            for producer in self.producers(node_id):
+                self.readers[producer] = self.readers.get(producer, 0) + 1
+
+    def producers(self, node_id):
+        """The node ids that ``node_id`` links to, once each."""
+        return {v[0] for v in self.prompt[node_id]["inputs"].values() if _is_link(v)}
+
+    def known(self, node_id, outputs):
+        """``node_id``'s outputs for this prompt (found in the cache or just produced)."""
+        if self.readers.get(node_id):
+            self.held[node_id] = outputs
+
+    def inputs(self, node_id):
+        """``node_id``'s input values: its links resolved from what this prompt holds."""
+        return {name: self.held[v[0]][v[1]] if _is_link(v) else v for name, v in self.prompt[node_id]["inputs"].items()}
+
+    def turn_over(self, node_id):
+        """``node_id`` has run (or was cached): let go of the outputs no node still to run reads."""
+        for producer in self.producers(node_id):
+            self.readers[producer] -= 1
+            if not self.readers[producer]:
+                self.held.pop(producer, None)
+
+
 class _SharedPromptExecutor:
     """What ``PromptExecutor`` is in every stand-in version (each version's class adds the rest)."""
 
@@ -154,12 +188,17 @@ class _SharedPromptExecutor:
                 targets = list(execute_outputs) or [n for n in prompt if getattr(
                     nodes.NODE_CLASS_MAPPINGS[prompt[n]["class_type"]], "OUTPUT_NODE", False)] or list(prompt)
                 self.success = True
-                for node_id in _dependency_order(prompt, targets):
-                    if self.caches.outputs.get(node_id) is not None:
-                        continue
-                    if not await self._execute_node(prompt, prompt_id, node_id):
-                        break
-                    after_node()
+                order = _dependency_order(prompt, targets)
+                links = _PromptLinks(prompt, order)
+                for node_id in order:
+                    cached = self.caches.outputs.get(node_id)
+                    if cached is None:
+                        if not await self._execute_node(prompt, prompt_id, node_id, links):
+                            break
+                        after_node()
+                    else:
+                        links.known(node_id, cached)
+                    links.turn_over(node_id)
                 else:
                     self.add_message("execution_success", {"prompt_id": prompt_id}, broadcast=False)
                 if self.cache_type == UNCACHED:
@@ -169,12 +208,11 @@ class _SharedPromptExecutor:
                 if comfy.model_management.DISABLE_SMART_MEMORY:
                     comfy.model_management.unload_all_models()
 
-    async def _execute_node(self, prompt, prompt_id, node_id):
+    async def _execute_node(self, prompt, prompt_id, node_id, links):
         class_type = prompt[node_id]["class_type"]
         class_def = nodes.NODE_CLASS_MAPPINGS[class_type]
         try:
-            inputs = {name: self.caches.outputs.get(v[0])[v[1]] if _is_link(v) else v
-                      for name, v in prompt[node_id]["inputs"].items()}
+            inputs = links.inputs(node_id)
             obj = self.objects.get((node_id, class_type))
             if obj is None:
                 obj = self.objects[(node_id, class_type)] = class_def()
@@ -182,7 +220,9 @@ class _SharedPromptExecutor:
             result = await get_output_data(prompt_id, node_id, obj, inputs)
             if isinstance(result, dict):
                 result = result.get("result", ())
-            self.caches.outputs.set(node_id, tuple(result))
+            outputs = tuple(result)
+            self.caches.outputs.set(node_id, outputs)
+            links.known(node_id, outputs)
             return True
         except comfy.model_management.InterruptProcessingException:
             logging.info("Processing interrupted")
