@@ -1,6 +1,7 @@
-"""The thread pools behind the routes: the read routes run on :func:`reads`, everything that can take long (holder
-searches, ``/memx/free`` receipts, hand-off calls to peers) on :func:`work`, never on asyncio's default executor,
-so a read never queues behind a search, a receipt or a hung peer.
+"""The thread pools behind the routes: the read routes that build their answer per request (the timeline, the
+metrics) run on :func:`reads`, everything that can take long (holder searches, ``/memx/free`` receipts, hand-off
+calls to peers) on :func:`work`, never on asyncio's default executor, so a read never queues behind a search, a
+receipt or a hung peer.  (``GET /memx/models`` answers from the event loop: ``surface.answers``.)
 
 Both are created on first use and live for the process (daemon threads; a reset of the process state shuts them
 down without waiting, they hold nothing).

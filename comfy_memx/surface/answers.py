@@ -1,15 +1,22 @@
-"""Read answers shared between requests: built once per change on the reads executor, sent from the event loop.
+"""``GET /memx/models``' answer kept as bytes and answered from the event loop, as ComfyUI answers ``/queue``.
 
-Under load the cost of ``GET /memx/models`` is not building the rows but the trip to an executor thread, which
-has to win the GIL from whatever else runs (a sampler on the CPU, a search) and then hand the bytes back.  So
-:class:`SharedAnswer` keeps the last serialized answer together with a *fingerprint* of what it was built from
-(cheap attribute reads, taken on the event loop), and answers from the loop while the fingerprint is unchanged
-and the answer is younger than ``max_age_s`` (the backstop for changes the fingerprint cannot see, such as a pack
-moving weights by hand).  A changed fingerprint builds once: requests that arrive while that build runs wait for
-it instead of starting their own (single flight), so a burst of readers costs one build.
+Under load the cost of ``/memx/models`` was never building the rows but the trip to an executor thread, which has
+to win the GIL from whatever else runs (a sampler on the CPU, a holder search, a receipt) and then hand the bytes
+back: ComfyUI's own ``GET /queue`` makes no such trip.  So :class:`ModelsSnapshot` keeps the serialized body and the
+serialized bytes of each row next to the *row key* it was built from (:func:`row_key`: the counters and figures the
+ledger, the leak wing and ComfyUI's loaded list change at every event that changes a row, read as plain attributes),
+and a read, on the event loop:
+
+- answers the kept body when no row key changed (a few attribute reads per model, no per-row Python work);
+- otherwise rebuilds the rows whose key changed, and only those, joins the kept bytes of the others and keeps the
+  result: a load, an unload, a leak record, a free or a release costs one row build, once, however many read.
+
+A row key reads what a row shows rather than counting events, so an event nobody counted cannot leave a row stale;
+what no key can see (a pack moving weights by hand: ``patcher.loaded_size()``, a patcher-less module's parameter
+device) is caught by a full rebuild once the kept body is ``max_age_s`` old.  The snapshot holds bytes, strings and
+numbers only, never a record, a patcher or a module.
 """
 
-import asyncio
 import json
 import sys
 import time
@@ -22,73 +29,75 @@ from comfy_memx.surface import readmodel
 MAX_AGE_S = 1.0
 
 
-class SharedAnswer:
-    """One read answer (bytes) shared by every request made while what it shows is unchanged."""
+class ModelsSnapshot:
+    """The ``/memx/models`` body and its rows' bytes, rebuilt row by row when a row key changes (a part of the
+    process state: :func:`models_snapshot`).  Read it from one thread only (the server's event loop)."""
 
-    def __init__(self, build, fingerprint, max_age_s=MAX_AGE_S, clock=time.monotonic):
-        self._build = build
-        self._fingerprint = fingerprint
-        self._max_age_s = max_age_s
+    def __init__(self, max_age_s=MAX_AGE_S, clock=time.monotonic):
+        self.max_age_s = max_age_s
         self._clock = clock
-        self._answer = None   # (fingerprint, built at, bytes)
-        self._pending = {}    # fingerprint -> asyncio future of the build started for it
+        self._rows = {}     # model_id -> (row key, the row's JSON bytes)
+        self._body = None   # (every row key and the shared key, when its rows were all built, the body's bytes)
 
-    async def get(self, executor):
-        """The answer for the state as it is now: the kept one when still current, else a build on ``executor``
-        (joined when one for the same fingerprint is already running)."""
-        key = self._fingerprint()
-        kept = self._answer
-        if kept is not None and kept[0] == key and self._clock() - kept[1] < self._max_age_s:
+    def body(self):
+        """The JSON body for the ledger as it is now: the kept one when no row changed since, else the kept rows
+        that did not change joined with the rebuilt ones."""
+        mm = sys.modules.get("comfy.model_management")
+        listed = readmodel.listed_modules(mm)
+        keyed = []
+        for record in STATE.ledger.records():
+            key = row_key(record, listed)
+            if key is not None:
+                keyed.append((record, key))
+        shared = shared_key(mm)
+        keys = (tuple(key for _record, key in keyed), shared)
+        now = self._clock()
+        kept = self._body
+        if kept is not None and kept[0] == keys and now - kept[1] < self.max_age_s:
             return kept[2]
-        pending = self._pending.get(key)
-        if pending is None:
-            started = self._clock()
-            pending = asyncio.get_running_loop().run_in_executor(executor, self._build)
-            self._pending[key] = pending
-            pending.add_done_callback(lambda done: self._keep(key, started, done))
-        return await asyncio.shield(pending)
-
-    def _keep(self, key, started, done):
-        if self._pending.get(key) is done:
-            del self._pending[key]
-        if not done.cancelled() and done.exception() is None:
-            kept = self._answer
-            if kept is None or kept[1] <= started:
-                self._answer = (key, started, done.result())
-
-
-class ModelsAnswer(SharedAnswer):
-    """``GET /memx/models``' body (a part of the process state: ``models_answer()``)."""
-
-    def __init__(self):
-        super().__init__(models_body, models_fingerprint)
+        whole = kept is None or kept[0][1] != shared or now - kept[1] >= self.max_age_s
+        rows, parts = {}, []
+        for record, key in keyed:
+            row = None if whole else self._rows.get(key[0])
+            if row is None or row[0] != key:
+                built = readmodel.model_row(record, mm, listed)
+                if built is None:   # its module died since the key was read
+                    continue
+                row = (key, json.dumps(clip(built)).encode("utf-8"))
+            rows[key[0]] = row
+            parts.append(row[1])
+        self._rows = rows
+        self._body = (keys, now if whole else kept[1], b"[" + b", ".join(parts) + b"]")
+        return self._body[2]
 
 
-def models_answer():
-    """This process's shared ``/memx/models`` answer."""
-    return STATE.part(ModelsAnswer)
+def models_snapshot():
+    """This process's ``/memx/models`` snapshot."""
+    return STATE.part(ModelsSnapshot)
 
 
-def models_body():
-    """The ``/memx/models`` JSON body: every live model's row, clipped (see ``readmodel``)."""
-    return json.dumps(clip(readmodel.model_rows())).encode("utf-8")
+def row_key(record, listed):
+    """What the ``/memx/models`` row of ``record`` is built from, as a tuple of plain values that changes whenever
+    the row would (None once its module died): its load and unload counts, resident bytes, last use, reloads, the
+    patchers that still exist, whether ComfyUI lists it (``listed``: ``readmodel.listed_modules``) and its leak
+    progress.  Attribute reads only (it runs on the event loop for every model at every read)."""
+    module = record.module_ref()
+    if module is None:
+        return None
+    in_list = id(module) in listed
+    del module
+    leak = record.leak
+    return (record.model_id, record.loads, record.unload_seq, record.loaded_bytes, record.last_used,
+            record.model_bytes, record.reloads, len(record.patchers), in_list, len(record.holder_steps),
+            None if leak is None else (id(leak), len(leak), leak.get("stage"), leak.get("sightings"),
+                                       leak.get("searches"), leak.get("tries"), leak.get("last_seen"),
+                                       id(leak.get("search")), id(leak.get("referrers")), id(leak.get("holder")),
+                                       leak.get("release")))
 
 
-def models_fingerprint():
-    """What ``/memx/models`` rows are built from, as a tuple that changes whenever a row would: every record's
-    load and unload counts, resident bytes, last use and leak progress, ComfyUI's list of loaded models and the
-    pinned totals.  Attribute reads only (it runs on the event loop)."""
-    rows = []
-    for record in STATE.ledger.records():
-        leak = record.leak
-        rows.append((record.model_id, record.loads, record.unload_seq, record.loaded_bytes, record.last_used,
-                     record.model_bytes, record.reloads, len(record.patchers),
-                     None if leak is None else (id(leak), len(leak), leak.get("stage"), leak.get("sightings"),
-                                                leak.get("searches"), leak.get("tries"), leak.get("last_seen"),
-                                                id(leak.get("search")), id(leak.get("referrers")),
-                                                id(leak.get("holder")), leak.get("release"))))
-    mm = sys.modules.get("comfy.model_management")
-    listed = tuple(id(entry) for entry in list(getattr(mm, "current_loaded_models", ()) or ()))
+def shared_key(mm):
+    """What every row is built from: the pinned totals (the pin budget's, else ComfyUI's) and the release policy;
+    a change rebuilds every row."""
     budget = pins.budget()
     pinned = budget.totals() if budget is not None else getattr(mm, "TOTAL_PINNED_MEMORY", None)
-    return tuple(rows), listed, pinned
+    return pinned, STATE.config.release

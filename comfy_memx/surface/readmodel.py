@@ -22,19 +22,31 @@ def model_rows(model_management=None):
     ``leaked`` (ComfyUI warned about it, or no ModelPatcher refers to it any more).  Attribute reads only.
     """
     mm = model_management if model_management is not None else sys.modules.get("comfy.model_management")
-    listed = _listed_modules(mm)
+    listed = listed_modules(mm)
     rows = []
     for record in STATE.ledger.records():
-        module = record.module_ref()
-        if module is None:
-            continue
-        row = _row(record, module, mm, listed)
-        del module
-        rows.append(row)
+        row = model_row(record, mm, listed)
+        if row is not None:
+            rows.append(row)
     return rows
 
 
-def _listed_modules(mm):
+def model_row(record, mm, listed):
+    """The row of one ledger record (see :func:`model_rows`), or None once its module died; ``mm`` is ComfyUI's
+    model_management (or None) and ``listed`` what :func:`listed_modules` returned for it.  One row at a time, so
+    that ``surface.answers`` rebuilds only the rows that changed."""
+    module = record.module_ref()
+    if module is None:
+        return None
+    try:
+        return _row(record, module, mm, listed)
+    finally:
+        del module
+
+
+def listed_modules(mm):
+    """The ids of the torch modules that ComfyUI's ``current_loaded_models`` lists (a row's
+    ``in_comfyui_loaded_list``)."""
     listed = set()
     for entry in list(getattr(mm, "current_loaded_models", ()) if mm is not None else ()):
         module = entry.real_model() if entry.real_model is not None else None

@@ -21,8 +21,9 @@ release``                      ``{"path"}`` optional); guarded; 403 while COMFY_
 
 ComfyUI also serves each of them under ``/api``.  They are built with the route kit (``comfy_memx.routekit``): who
 may call the POSTs is ``routekit.access``'s decision (guarded: loopback or the token); their bodies are read by
-``routekit.bodies`` (bounded, typed: 400/413, never 500); the reads run on ``executors.reads()``, everything that
-can take long on ``executors.work()``.  Apart from the POSTs they only read state; none accepts a file path; answers
+``routekit.bodies`` (bounded, typed: 400/413, never 500); ``/memx/models`` answers from the event loop (its kept
+snapshot, ``surface.answers``), the other reads run on ``executors.reads()``, everything that can take long on
+``executors.work()``.  Apart from the POSTs they only read state; none accepts a file path; answers
 hold names and numbers, never tensors (``routekit.replies.clip``: strings cut to 300 characters, objects that are
 not JSON values shown as ``<TypeName>``, never through their ``repr``).  A failing handler answers an error JSON
 (``{"error", "message"}``) and the server keeps serving (``routekit.replies.guarded``).  aiohttp is imported by
@@ -79,11 +80,10 @@ class Handlers:
         self.server = server
 
     async def models(self, request):
-        """GET /memx/models (rows built and serialized on the reads executor once per change, shared by the requests
-        made meanwhile: ``surface.answers``; the event loop only sends bytes)."""
+        """GET /memx/models, answered on the event loop as ComfyUI answers ``/queue``: the kept body while no row
+        changed, else only the changed rows rebuilt (``surface.answers``); it never waits for an executor thread."""
         from aiohttp import web
-        body = await answers.models_answer().get(executors.reads())
-        return web.Response(body=body, content_type="application/json")
+        return web.Response(body=answers.models_snapshot().body(), content_type="application/json")
 
     async def status(self, request):
         """GET /memx/status: comfy_memx's version, how it was activated, its leak mode and every patch site's state

@@ -170,43 +170,53 @@ def test_a_spent_cpu_budget_refuses_searches_until_it_frees(tmp_path, monkeypatc
     assert allowed_status == 200
 
 
-def test_read_routes_run_on_their_own_executor(tmp_path, monkeypatch):
-    threads = []
-    real = readmodel.model_rows
+def test_models_answers_on_the_event_loop_and_the_timeline_on_the_reads_executor(tmp_path, monkeypatch):
+    """``/memx/models`` never waits for an executor thread (the GIL trip that made its tail longer than ``/queue``'s);
+    the timeline still builds on the reads executor."""
+    threads = {"models": [], "timeline": []}
+    real_row, real_timeline = readmodel.model_row, routes._timeline_body
 
-    def spy():
-        threads.append(threading.current_thread().name)
-        return real()
-    monkeypatch.setattr(readmodel, "model_rows", spy)
+    def row_spy(record, mm, listed):
+        threads["models"].append(threading.current_thread().name)
+        return real_row(record, mm, listed)
+
+    def timeline_spy(since):
+        threads["timeline"].append(threading.current_thread().name)
+        return real_timeline(since)
+    monkeypatch.setattr(readmodel, "model_row", row_spy)
+    monkeypatch.setattr(routes, "_timeline_body", timeline_spy)
 
     async def scenario(comfy):
         await comfy.run(leaky("a"))
-        return await comfy.get_json("/memx/models")
+        loop_thread = threading.current_thread().name
+        return loop_thread, await comfy.get_json("/memx/models"), await comfy.get_json("/memx/timeline")
 
-    status, _ = serve("0.27.0", tmp_path, scenario)
-    assert status == 200 and threads and all(name.startswith("comfy_memx-reads") for name in threads)
+    loop_thread, (status, rows), (timeline_status, _) = serve("0.27.0", tmp_path, scenario)
+    assert status == 200 and rows and threads["models"] == [loop_thread] * len(rows)
+    assert timeline_status == 200 and threads["timeline"]
+    assert all(name.startswith("comfy_memx-reads") for name in threads["timeline"])
 
 
 def test_concurrent_model_reads_share_one_build_and_see_every_load(tmp_path, monkeypatch):
     builds = []
-    real = readmodel.model_rows
+    real = readmodel.model_row
 
-    def counted():
-        builds.append(1)
-        return real()
-    monkeypatch.setattr(readmodel, "model_rows", counted)
+    def counted(record, mm, listed):
+        builds.append(record.model_id)
+        return real(record, mm, listed)
+    monkeypatch.setattr(readmodel, "model_row", counted)
 
     async def scenario(comfy):
         await comfy.run(leaky("a"))
         burst = await asyncio.gather(*(comfy.get_json("/memx/models") for _ in range(12)))
-        built_for_burst = len(builds)
+        built_for_burst = list(builds)
         await comfy.run(leaky("b"))
         _, after_load = await comfy.get_json("/memx/models")
         return burst, built_for_burst, after_load
 
     burst, built_for_burst, after_load = serve("0.27.0", tmp_path, scenario)
     assert all(status == 200 for status, _ in burst) and len({json.dumps(rows) for _, rows in burst}) == 1
-    assert built_for_burst == 1
+    assert built_for_burst == [row["model_id"] for row in burst[0][1]]   # each row built once for the burst
     seen_in_burst = {row["model_id"] for row in burst[0][1]}
     assert {row["model_id"] for row in after_load} - seen_in_burst   # the model loaded after the burst is listed
 

@@ -372,7 +372,7 @@ def test_routes_answer_an_error_json_when_the_search_or_the_metrics_fail(tmp_pat
         await comfy.run(leaky("b"))
         monkeypatch.setattr(holders, "find_holders", broken_search)
         free_status, receipt = await comfy.free()
-        monkeypatch.setattr(readmodel, "model_rows", broken_rows)
+        monkeypatch.setattr(readmodel, "model_row", broken_rows)   # every row, as both routes build them
         models_status, models_error = await comfy.get_json("/memx/models")
         metrics_response = await comfy.client.get("/metrics")
         metrics_status, metrics_error = metrics_response.status, await metrics_response.json()
