@@ -24,7 +24,7 @@ import time
 from comfy_memx.core.state import STATE
 from comfy_memx.pins import api as pins
 from comfy_memx.routekit.replies import clip
-from comfy_memx.surface import readmodel
+from comfy_memx.surface import gate, readmodel
 
 MAX_AGE_S = 1.0
 
@@ -79,16 +79,18 @@ def models_snapshot():
 def row_key(record, listed):
     """What the ``/memx/models`` row of ``record`` is built from, as a tuple of plain values that changes whenever
     the row would (None once its module died): its load and unload counts, resident bytes, last use, reloads, the
-    patchers that still exist, whether ComfyUI lists it (``listed``: ``readmodel.listed_modules``) and its leak
-    progress.  Attribute reads only (it runs on the event loop for every model at every read)."""
+    patchers that still exist, whether ComfyUI lists it (``listed``: ``readmodel.listed_modules``), its last gated
+    search (the row's ``searched``) and its leak progress.  Attribute reads only (it runs on the event loop for every model at every read)."""
     module = record.module_ref()
     if module is None:
         return None
     in_list = id(module) in listed
     del module
     leak = record.leak
+    searched = gate.gate().last_search(record)
     return (record.model_id, record.loads, record.unload_seq, record.loaded_bytes, record.last_used,
             record.model_bytes, record.reloads, len(record.patchers), in_list, len(record.holder_steps),
+            None if searched is None else (searched.get("time"), searched.get("result"), searched.get("holder")),
             None if leak is None else (id(leak), len(leak), leak.get("stage"), leak.get("sightings"),
                                        leak.get("searches"), leak.get("tries"), leak.get("last_seen"),
                                        id(leak.get("search")), id(leak.get("referrers")), id(leak.get("holder")),
