@@ -4,7 +4,9 @@ Each level costs one ``gc.get_referrers(*frontier)`` call, i.e. one pass over th
 one pass per object (objgraph) or a Python reverse index of the whole heap (seconds and hundreds of MB).
 ``gc.get_referrers`` compares every reference it visits against every object it was given (measured: one scan
 of a 1e6-object heap for 1000 objects costs about 50 single scans), so a level too wide for half the time left
-is scanned in part; the rest waits in a backlog until the search has climbed from that part.
+is scanned in part; the rest waits in a backlog until the search has climbed from that part.  A frontier object
+that only module globals (and live frames' local variables) hold is not scanned: its roots are named by counting
+its references (:mod:`comfy_memx.leaks.holders.module_globals`), which saves the last scan below a module global.
 
 The search keeps every object it met alive (``Search.seen``) so that ``id()`` values stay unique while it
 runs; :meth:`Search.release` drops them all, and the public functions always call it.  No container of ours
