@@ -4,10 +4,10 @@ Most leaked models hang below a module global (a cache dict, a registry list); t
 before such a root is a scan of the whole heap that only finds the module's ``__dict__``.  The references of every
 module ``__dict__`` are few (tens of thousands, against a million objects in the heap), so they are read once per
 search, at C speed, into a set of ids; an object in that set whose reference count is fully named by the module
-dicts that hold it and by live frames' local variables (:attr:`ThreadLocals.direct`) has no other holder, and its
-roots are known without a scan.  Any reference left unnamed (an object outside the modules, a reference from C code,
-a container of the search's own) sends the object to the scan as before: counting can only save a scan, never hide a
-holder.
+dicts that hold it and by live frames' local variables (``direct`` of
+:class:`~comfy_memx.leaks.holders.search.ThreadLocals`) has no other holder, and its roots are known without a scan.
+Any reference left unnamed (an object outside the modules, a reference from C code, a container of the search's own)
+sends the object to the scan as before: counting can only save a scan, never hide a holder.
 
 Nothing here keeps a module dict past a call: the search may hold none while ``gc.get_referrers`` runs.
 """
