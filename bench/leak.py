@@ -35,9 +35,9 @@ target, the state dict, the holder and the list; the ``_CACHE`` dict's only hold
 named by counting) plus the read of the module globals' references (about a third of a scan at 1e6 objects): about
 4.3 scans.  objgraph pays one ``gc.collect()`` (``collect_in_scans``: 5.7-8 scans at 1e6 objects on the 2-vCPU VM)
 and one scan per object it dequeues (6 here), so ``speedup_vs_objgraph`` is about ``(collect_in_scans + 6) / 4.3``:
-2.7-3.2, measured 2.66-2.91 (median of 5 interleaved rounds; nine runs at load average 8-22).  Reaching 3 would take one more level named
-without a scan, i.e. an index of what the module globals' containers reference (about 0.75 of a scan to build at
-1e6 objects, growing with what packs keep in module-level containers) for one scan saved.
+2.7-3.2, measured 2.66-2.91 (median of 5 interleaved rounds; nine runs at load average 8-22).  Reaching 3 would
+take one more level named without a scan, i.e. an index of what the module globals' containers reference (about 0.75
+of a scan to build at 1e6 objects, growing with what packs keep in module-level containers) for one scan saved.
 
 The searches are called from plain functions that hold each target in an ordinary local variable only: a closure
 cell or a ``*args`` tuple holding the target would be one more holder, which the probe rightly refuses to explain
