@@ -4,7 +4,9 @@ Each level costs one ``gc.get_referrers(*frontier)`` call, i.e. one pass over th
 one pass per object (objgraph) or a Python reverse index of the whole heap (seconds and hundreds of MB).
 ``gc.get_referrers`` compares every reference it visits against every object it was given (measured: one scan
 of a 1e6-object heap for 1000 objects costs about 50 single scans), so a level too wide for half the time left
-is scanned in part; the rest waits in a backlog until the search has climbed from that part.
+is scanned in part; the rest waits in a backlog until the search has climbed from that part.  A frontier object
+that only module globals (and live frames' local variables) hold is not scanned: its roots are named by counting
+its references (:mod:`comfy_memx.leaks.holders.module_globals`), which saves the last scan below a module global.
 
 The search keeps every object it met alive (``Search.seen``) so that ``id()`` values stay unique while it
 runs; :meth:`Search.release` drops them all, and the public functions always call it.  No container of ours
@@ -25,6 +27,7 @@ import time
 import types
 
 from comfy_memx.leaks.holders.budget import STOP_BUDGET, Budget
+from comfy_memx.leaks.holders.module_globals import COUNTS_AS_EXPECTED, ModuleGlobals, refs_beyond_search
 from comfy_memx.leaks.holders.packages import (custom_node_dirs, custom_node_package_of_file, display_module_name,
                                                module_namespace, package_of)
 
@@ -233,7 +236,7 @@ class Search:
     __slots__ = ("seen", "child", "level", "edges", "roots", "frontier", "upcoming", "backlog", "has_holder",
                  "ignored_hit", "own_ids", "ignored_ids", "module_dicts", "threads", "started", "budget",
                  "max_depth", "max_chains", "record_edges", "scans", "single_scan_s", "per_item", "stopped_by",
-                 "depth", "target_id")
+                 "depth", "target_id", "module_globals")
 
     def __init__(self, *, budget_s, max_depth, max_chains, ignore_ids, skipped_frame_ids, record_edges,
                  comfy_root, threads=None, module_dicts=None):
@@ -260,6 +263,9 @@ class Search:
         self.target_id = None
         self.module_dicts = _module_dicts() if module_dicts is None else module_dicts
         self.threads = ThreadLocals(skipped_frame_ids, comfy_root) if threads is None else threads
+        # A cycle capture needs every edge a scan meets, so it never settles objects by counting.
+        counting = COUNTS_AS_EXPECTED and not self.record_edges
+        self.module_globals = ModuleGlobals(self.module_dicts) if counting else None
         self.threads.pack_held.clear()   # the forward probe's starting points: never alive during a heap scan
         self.threads.watched.clear()
         self.own_ids = {id(self), id(self.seen), id(self.frontier), id(self.upcoming), id(self.backlog)}
@@ -339,18 +345,53 @@ class Search:
         above it) instead of spending the whole budget on one level and reporting no chain at all.
         """
         frontier = self.frontier
-        count = self._affordable(len(frontier))
-        if count == 0:
-            self._stop(self.budget.stop_reason() or STOP_BUDGET)
-            return False
-        if count < len(frontier):
-            self.backlog.extend(frontier[count:])
-            del frontier[count:]
-        self._scan(tuple(frontier))
+        if self.module_globals is not None and self.budget.left() > 0:
+            self._settle_module_held()
+        if frontier:
+            count = self._affordable(len(frontier))
+            if count == 0:
+                self._stop(self.budget.stop_reason() or STOP_BUDGET)
+                return False
+            if count < len(frontier):
+                self.backlog.extend(frontier[count:])
+                del frontier[count:]
+            self._scan(tuple(frontier))
         if len(self.roots) >= self.max_chains:
             self._stop("max_chains")
             return False
         return True
+
+    def _settle_module_held(self):
+        """Take off the frontier every object that only module globals (and frames' locals) hold, with its roots.
+
+        What a scan would have recorded for it is recorded from :class:`ModuleGlobals` instead (see
+        :mod:`comfy_memx.leaks.holders.module_globals`); the others stay for the scan.
+        """
+        index, seen, kept = self.module_globals, self.seen, []
+        for obj_id in [id(obj) for obj in self.frontier]:
+            if obj_id != self.target_id and index.may_hold(obj_id):
+                # read first: the search holds the object in seen and in the frontier only, as counted there
+                outside = refs_beyond_search(seen, obj_id)
+                if self._record_module_roots(obj_id, outside, index.holders(seen[obj_id])):
+                    continue
+            kept.append(obj_id)
+        self.frontier[:] = [seen[obj_id] for obj_id in kept]
+
+    def _record_module_roots(self, obj_id, outside, holders):
+        """Record ``holders`` (module dicts) as the roots of ``obj_id`` if they and live frames name every reference."""
+        try:
+            named = sum(count for _, count in holders) + self.threads.direct.get(obj_id, 0)
+            if not holders or named != outside or any(id(namespace) in self.ignored_ids for namespace, _ in holders):
+                return False
+            self.has_holder.add(obj_id)
+            for namespace, _ in holders:
+                namespace_id = id(namespace)
+                self.seen.setdefault(namespace_id, namespace)
+                self.level.setdefault(namespace_id, self.depth + 1)
+                self.roots.append((ROOT_MODULE_GLOBAL, namespace_id, obj_id, None, None))
+            return True
+        finally:
+            holders.clear()
 
     def _resume_backlog(self):
         """Move the deferred objects of the lowest level back into the frontier; False if there are none."""
