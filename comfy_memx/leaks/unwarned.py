@@ -133,23 +133,26 @@ def _listed(model_management):
 
 def _probe(record, module, model_management, found_by):
     """The forward probe of one suspect (strict mode: the backward search after it, for a model no ModelPatcher
-    holds); records the leak when it names a holder that makes one."""
+    holds); records the leak when it names a holder that makes one.  All of it under the process's search desk, so
+    that a receipt recording the same model at the same time (:func:`record_searched`) counts it once."""
     searches = watch.desk()
     if not searches.running.acquire(timeout=watch.WAIT_FOR_SEARCH_S):
         return
     from comfy_memx.leaks import holders
     try:
+        if record.leak is not None:
+            return
         report = holders.find_holders(module, budget_s=watch.PROBE_CPU_S, ignore=_ignored(),
                                       ignore_frames_up_to=sys._getframe(), first_path=True, backward=False)
         if not report.chains and STATE.config.leak_mode == "strict" and not record.live_patchers():
             report = _strict_search(module, report, holders)
+        referrers = [watch.referrer_of(chain) for chain in report.chains]
+        if leak_holder(record, referrers) is not None:
+            record.holder_steps = watch.steps_of(report)
+            _record(record, referrers, dict(watch.search_summary(report), reason="new"),
+                    found_by or _found_by(record))
     finally:
         searches.running.release()
-    referrers = [watch.referrer_of(chain) for chain in report.chains]
-    summary = dict(watch.search_summary(report), reason="new")
-    if leak_holder(record, referrers) is not None:
-        record.holder_steps = watch.steps_of(report)
-        _record(record, referrers, summary, found_by or _found_by(record))
 
 
 def _strict_search(module, probe, holders):
@@ -170,24 +173,27 @@ def _ignored():
 def record_searched(record, result, model_management, found_by=AFTER_FREE):
     """Record ``record``'s model as a leak from a search already run (a free receipt's survivor: ``result`` is
     ``leaks.search_now``'s answer) when the model is alive, not a known leak, not in ComfyUI's use, and its holders
-    make it a leak (:func:`leak_holder`); returns True when it did."""
+    make it a leak (:func:`leak_holder`); returns True when it did.  A model it cannot decide now (another search
+    holds the desk) stays watched for the next collection point."""
     if record.leak is not None or not result or not result.get("holders"):
         return False
-    module = record.module_ref()
-    if module is None:
+    searches = watch.desk()
+    if not searches.running.acquire(timeout=watch.WAIT_FOR_SEARCH_S):
         return False
     try:
-        if id(module) in _listed(model_management) or in_comfyui_use(record, module, model_management):
+        module = record.module_ref()
+        if module is None or record.leak is not None or id(module) in _listed(model_management):
             return False
-    finally:
+        if in_comfyui_use(record, module, model_management) or leak_holder(record, result["holders"]) is None:
+            return False
+        suspects = STATE.existing_part(UnloadedModels)
+        if suspects is not None:
+            suspects.watched.pop(id(module), None)
         del module
-    if leak_holder(record, result["holders"]) is None:
-        return False
-    suspects = STATE.existing_part(UnloadedModels)
-    if suspects is not None:
-        suspects.watched.pop(id(record.module_ref()), None)
-    _record(record, list(result["holders"]), dict(result.get("search") or {}, reason="new"), found_by)
-    return True
+        _record(record, list(result["holders"]), dict(result.get("search") or {}, reason="new"), found_by)
+        return True
+    finally:
+        searches.running.release()
 
 
 def leak_holder(record, referrers):

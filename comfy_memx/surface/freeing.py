@@ -437,10 +437,13 @@ def _record_leaks(survivors, model_management):
     """After the worker's collection: record as leaks the survivors whose search named a holder that makes one
     (ComfyUI never warns about a model it unloaded), then look at the other models unloaded since the last check
     (``leaks.unwarned``: an idle unload's receipt searches nothing itself)."""
-    for survivor, record in survivors:
-        if survivor.get("holders"):
-            leaks.record_searched(record, survivor, model_management)
-    leaks.check_unloaded(model_management)
+    try:
+        for survivor, record in survivors:
+            if survivor.get("holders"):
+                leaks.record_searched(record, survivor, model_management)
+        leaks.check_unloaded(model_management)
+    except Exception as exc:   # the receipt is answered all the same
+        internal_error("leaks found after a free", exc)
 
 
 def release_survivors(survivors):
