@@ -6,7 +6,8 @@ entries whose patcher is gone while the module lives, before ComfyUI's collectio
 :func:`after_collect` (the report of the ones that survive it, then the ``auto`` release).
 
 For its subscriptions (a full unload, then a collection point): :func:`note_unloaded` (the model left ComfyUI's
-loaded list: watch it by weakref) and :func:`check_unloaded` (record the unloaded models that survived a full
+loaded list: watch it by weakref), :func:`loaded_again` (ComfyUI loads it again: a leak found after its unload is
+over) and :func:`check_unloaded` (record the unloaded models that survived a full
 collection and are held: leaks ComfyUI never warns about, ``leaks.unwarned``).
 
 For the surface (what it shows and does about a leak): :func:`public_state` (a leak's state as JSON builtins),
@@ -18,7 +19,8 @@ For the surface (what it shows and does about a leak): :func:`public_state` (a l
 from comfy_memx.core.state import STATE
 from comfy_memx.leaks import watch
 from comfy_memx.leaks.release import releasable_now, release, release_automatically  # noqa: F401
-from comfy_memx.leaks.unwarned import check as check_unloaded, note_unloaded, record_searched  # noqa: F401
+from comfy_memx.leaks.unwarned import check as check_unloaded, loaded_again, note_unloaded  # noqa: F401
+from comfy_memx.leaks.unwarned import record_searched  # noqa: F401
 from comfy_memx.leaks.watch import before_collect, public_state, suspects  # noqa: F401
 
 

@@ -50,6 +50,12 @@ def before_unload(entry):
         STATE.stacks.pending[_unload_key(entry)] = entry.real_model
 
 
+@signals.model_loaded.subscribe
+def after_load(entry, seconds, caller_frame):
+    """A model ComfyUI loads again is in use: a leak found after its unload is over (``leaks.unwarned``)."""
+    leaks.loaded_again(entry)
+
+
 @signals.model_unloaded.subscribe
 def after_unload(entry, result, seconds, caller_frame):
     """A full unload took the model out of ComfyUI's loaded list: watch it (by weakref) for the next collection."""

@@ -21,11 +21,13 @@ Work proportional to news, nothing kept alive:
   :data:`MAX_PROBED` per check, under the process's search desk and within the leak watch's probe budget; strict
   mode adds the backward search within the prompt's ``COMFY_MEMX_LEAK_BUDGET`` for a model no ModelPatcher holds);
 * a free's receipt already searched its survivors through the search gate: :func:`record_searched` records those
-  without a second search.
+  without a second search;
+* a model recorded so that ComfyUI loads again (a hoarded ModelPatcher given back to a node) is in use: its leak is
+  over (:func:`loaded_again`), and its next unload watches it again.
 
 Which survivors are leaks (:func:`leak_holder`): a model no live ModelPatcher refers to, held from a root other than
 ComfyUI's own output cache; and a model a live ModelPatcher refers to (the hoarded-patcher case) only when a
-package other than ComfyUI (``core``) holds it: ComfyUI's output cache keeping a node's MODEL is no leak.
+custom-node package holds it: ComfyUI's output cache (or its worker's frames) keeping a node's MODEL is no leak.
 """
 
 import collections
@@ -45,7 +47,6 @@ log = logging.getLogger("comfy_memx")
 MAX_WATCHED = 64   # full unloads remembered (by weakref) until a collection shows whether their model survived
 MAX_PROBED = 4     # suspects probed per check: the rest wait for the next collection point
 AFTER_FREE, AFTER_UNLOAD = "after_free", "after_unload"
-NOT_A_PACK = (None, "core", "?")
 
 
 class Unloaded:
@@ -91,6 +92,16 @@ def note_unloaded(module_ref):
     del module
     while len(watched) > MAX_WATCHED:
         watched.popitem(last=False)
+
+
+def loaded_again(entry):
+    """ComfyUI loaded ``entry``'s model (``model_load``): in use again, so a leak recorded after its unload (a
+    hoarded ModelPatcher a node was given back) is over; the next unload watches it again.  One dict lookup."""
+    patcher = entry.model
+    record = STATE.ledger.find(patcher.model) if patcher is not None else None
+    del patcher
+    if record is not None and record.leak is not None and record.leak.get("found_by") in (AFTER_FREE, AFTER_UNLOAD):
+        record.leak = None
 
 
 def check(model_management, found_by=None):
@@ -147,9 +158,10 @@ def _probe(record, module, model_management, found_by):
         if not report.chains and STATE.config.leak_mode == "strict" and not record.live_patchers():
             report = _strict_search(module, report, holders)
         referrers = [watch.referrer_of(chain) for chain in report.chains]
-        if leak_holder(record, referrers) is not None:
+        holder = leak_holder(record, referrers)
+        if holder is not None:
             record.holder_steps = watch.steps_of(report)
-            _record(record, referrers, dict(watch.search_summary(report), reason="new"),
+            _record(record, (referrers, holder), dict(watch.search_summary(report), reason="new"),
                     found_by or _found_by(record))
     finally:
         searches.running.release()
@@ -184,13 +196,14 @@ def record_searched(record, result, model_management, found_by=AFTER_FREE):
         module = record.module_ref()
         if module is None or record.leak is not None or id(module) in _listed(model_management):
             return False
-        if in_comfyui_use(record, module, model_management) or leak_holder(record, result["holders"]) is None:
+        holder = None if in_comfyui_use(record, module, model_management) else leak_holder(record, result["holders"])
+        if holder is None:
             return False
         suspects = STATE.existing_part(UnloadedModels)
         if suspects is not None:
             suspects.watched.pop(id(module), None)
         del module
-        _record(record, list(result["holders"]), dict(result.get("search") or {}, reason="new"), found_by)
+        _record(record, (list(result["holders"]), holder), dict(result.get("search") or {}, reason="new"), found_by)
         return True
     finally:
         searches.running.release()
@@ -198,13 +211,22 @@ def record_searched(record, result, model_management, found_by=AFTER_FREE):
 
 def leak_holder(record, referrers):
     """The holder that makes a model ComfyUI let go of a leak, or None: any root but ComfyUI's output cache when no
-    live ModelPatcher refers to the model; a package's (not ComfyUI's) when one does (a hoarded ModelPatcher)."""
-    holder = watch.holder_of(list(referrers))
+    live ModelPatcher refers to the model; a custom-node package's when one does (a hoarded ModelPatcher: ComfyUI's
+    own objects, its output cache or its worker's frames, keep a node's MODEL legitimately)."""
+    referrers = list(referrers)
+    if record.live_patchers():
+        packs = custom_node_packages()
+        referrers = [ref for ref in referrers if ref.get("holder_package") in packs]
+    holder = watch.holder_of(referrers)
     if holder is None or holder.get("pattern") == "comfyui_cache":
         return None
-    if record.live_patchers() and holder.get("package") in NOT_A_PACK:
-        return None
     return holder
+
+
+def custom_node_packages():
+    """The names of the custom-node packages loaded in this process (as the holder search names them)."""
+    from comfy_memx.leaks.holders.packages import custom_node_modules
+    return {package for _, _, package in custom_node_modules()}
 
 
 def _found_by(record):
@@ -212,13 +234,15 @@ def _found_by(record):
     return AFTER_FREE if last.get("reason") == "free_request" else AFTER_UNLOAD
 
 
-def _record(record, referrers, summary, found_by):
-    """Record the leak with the shape of a warned one (``leaks.watch``), so that every surface shows it as one."""
+def _record(record, found, summary, found_by):
+    """Record the leak with the shape of a warned one (``leaks.watch``), so that every surface shows it as one;
+    ``found`` is ``(referrers, the holder that makes it a leak)``."""
+    referrers, holder = found
     prompt_id = ledger.current_prompt_id()
     now = round(time.time(), 6)
     record.leak = {"stage": "rooted", "prompt_id": prompt_id, "time": now, "last_prompt": prompt_id,
                    "last_seen": now, "sightings": 1, "referrers": referrers, "search": summary, "searches": 1,
-                   "tries": 0, "next_check": 1, "refs": None, "window": None, "holder": watch.holder_of(referrers),
+                   "tries": 0, "next_check": 1, "refs": None, "window": None, "holder": holder,
                    "found_by": found_by}
     watch.book().rooted_leaks.add(record.model_id)
     _log(record)

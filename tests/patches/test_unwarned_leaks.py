@@ -107,10 +107,15 @@ def test_a_hoarded_model_patcher_unloaded_by_a_node_is_a_leak_at_the_next_collec
 
     async def scenario(comfy):
         await add_packs(tmp_path, "hoarding_pack", "unloader_pack")
-        await comfy.run(unloaded_by_a_node("PatcherHoarder", "hoarded"))
+        # beside the hoarded model, a plain one that only ComfyUI's output cache keeps, unloaded by a node too
+        plain = {"11": leaky("plain")["1"], "12": {"class_type": "LeakySampler", "inputs": {"model": ["11", 0]}}}
+        await comfy.run({**unloaded_by_a_node("PatcherHoarder", "hoarded"), **plain,
+                         "13": {"class_type": "UnloadAllModels", "inputs": {"value": ["12", 0]}}})
         _, before = await comfy.get_json("/memx/models")
         gc.collect()                                          # ComfyUI's worker collects after its prompts
-        await comfy.run(leaky("b"))                           # its cleanup_models_gc is the next collection point
+        # its cleanup_models_gc is the next collection point, in a prompt that keeps the plain model cached
+        await comfy.run({**plain, "21": leaky("b")["1"],
+                         "22": {"class_type": "LeakySampler", "inputs": {"model": ["21", 0]}}})
         _, after = await comfy.get_json("/memx/models")
         await comfy.run(leaky("c"))
         gc.collect()
@@ -120,8 +125,11 @@ def test_a_hoarded_model_patcher_unloaded_by_a_node_is_a_leak_at_the_next_collec
         return before, after, values, weakref.ref(hoard[0]), hoard
 
     before, after, values, patcher_ref, hoard = serve(version, tmp_path, scenario, events=events)
-    [was] = before
+    was = next(r for r in before if r["owner"]["package"] == "hoarding_pack")
     assert was["state"] == "offloaded" and was["leak"] is None   # ComfyUI sees a live patcher: it never warns
+    cached = next(r for r in before if r["owner"]["package"] == "leaky_pack")
+    assert cached["state"] == "offloaded" and cached["in_comfyui_loaded_list"] is False
+    assert next(r for r in after if r["model_id"] == cached["model_id"])["leak"] is None   # ComfyUI's cache: no leak
     row = next(r for r in after if r["model_id"] == was["model_id"])
     assert row["state"] == "leaked" and row["leak"]["found_by"] == "after_unload"
     assert row["leak"]["holder_package"] == "hoarding_pack"
@@ -180,6 +188,28 @@ def test_a_model_loaded_again_after_its_unload_is_not_a_leak(version, tmp_path):
     assert again["in_comfyui_loaded_list"] is True and again["leak"] is None
     assert [e for e in read_events(events) if e["event"] == "leak"] == []
     assert watched == 0   # it left the suspect set once it was back in ComfyUI's loaded list
+
+
+@pytest.mark.parametrize("version", ["0.27.0"])
+def test_a_hoarded_model_patcher_given_back_and_loaded_again_is_no_longer_a_leak(version, tmp_path):
+    async def scenario(comfy):
+        await add_packs(tmp_path, "hoarding_pack", "unloader_pack")
+        first = unloaded_by_a_node("PatcherHoarder", "reused")
+        await comfy.run(first)
+        gc.collect()
+        await comfy.run(leaky("b"))                           # found after the unload: a leak of hoarding_pack
+        _, leaked = await comfy.get_json("/memx/models")
+        import comfy.model_management as mm
+        mm.load_models_gpu([pack("hoarding_pack").HOARD[0]])   # the pack gives it to a node, which loads it again
+        _, loaded = await comfy.get_json("/memx/models")
+        pack("hoarding_pack").HOARD.clear()
+        return leaked, loaded
+
+    leaked, loaded = serve(version, tmp_path, scenario)
+    was = next(r for r in leaked if r["owner"]["package"] == "hoarding_pack")
+    assert was["leak"]["found_by"] == "after_unload" and was["state"] == "leaked"
+    now = next(r for r in loaded if r["model_id"] == was["model_id"])
+    assert now["leak"] is None and now["state"] == "loaded" and now["in_comfyui_loaded_list"] is True
 
 
 class Model:
