@@ -27,7 +27,8 @@ Work proportional to news, nothing kept alive:
 
 Which survivors are leaks (:func:`leak_holder`): a model no live ModelPatcher refers to, held from a root other than
 ComfyUI's own output cache; and a model a live ModelPatcher refers to (the hoarded-patcher case) only when a
-custom-node package holds it: ComfyUI's output cache (or its worker's frames) keeping a node's MODEL is no leak.
+custom-node package's own module or class holds it: ComfyUI's output cache (or a node output it keeps) keeping a
+node's MODEL is no leak, nor a running node's frame (a model a load in progress is loading is not even probed).
 """
 
 import collections
@@ -47,6 +48,7 @@ log = logging.getLogger("comfy_memx")
 MAX_WATCHED = 64   # full unloads remembered (by weakref) until a collection shows whether their model survived
 MAX_PROBED = 4     # suspects probed per check: the rest wait for the next collection point
 AFTER_FREE, AFTER_UNLOAD = "after_free", "after_unload"
+THREAD_FRAME = "thread_frame"   # a holder chain's root_kind (leaks.holders.ROOT_THREAD_FRAME)
 
 
 class Unloaded:
@@ -114,6 +116,7 @@ def check(model_management, found_by=None):
     watched = watched.watched
     collected = full_collections()
     listed = _listed(model_management)
+    loading = ledger.modules_loading()   # a node of a running prompt is about to use these: they wait
     probed = 0
     for key, suspect in list(watched.items()):
         module = suspect.module_ref()
@@ -123,7 +126,7 @@ def check(model_management, found_by=None):
         record = STATE.ledger.find(module)
         if record is None or record.leak is not None:
             watched.pop(key, None)
-        elif (collected > suspect.collections and probed < MAX_PROBED
+        elif (collected > suspect.collections and probed < MAX_PROBED and id(module) not in loading
               and in_comfyui_use(record, module, model_management) is None):
             probed += 1
             watched.pop(key, None)   # searched once per unload: a later unload watches it again
@@ -211,12 +214,13 @@ def record_searched(record, result, model_management, found_by=AFTER_FREE):
 
 def leak_holder(record, referrers):
     """The holder that makes a model ComfyUI let go of a leak, or None: any root but ComfyUI's output cache when no
-    live ModelPatcher refers to the model; a custom-node package's when one does (a hoarded ModelPatcher: ComfyUI's
-    own objects, its output cache or its worker's frames, keep a node's MODEL legitimately)."""
+    live ModelPatcher refers to the model; when one does (a hoarded ModelPatcher), a chain rooted in a custom-node
+    package's module or class: ComfyUI's own objects (its output cache, a node output or node instance it keeps) and
+    running code (a node's frame, about to use it) hold a node's MODEL legitimately until they let go of it."""
     referrers = list(referrers)
     if record.live_patchers():
         packs = custom_node_packages()
-        referrers = [ref for ref in referrers if ref.get("holder_package") in packs]
+        referrers = [ref for ref in referrers if ref.get("package") in packs and ref.get("root_kind") != THREAD_FRAME]
     holder = watch.holder_of(referrers)
     if holder is None or holder.get("pattern") == "comfyui_cache":
         return None

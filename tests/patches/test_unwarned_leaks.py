@@ -229,3 +229,38 @@ def test_the_suspect_set_keeps_no_model_alive_and_stays_bounded():
     assert all(ref() is None for ref in refs)     # the suspect set holds weak references only
     unwarned.check(None)
     assert len(watched) == 0                      # the dead left it at the next check
+
+
+class Record:
+    """A ledger record as ``leak_holder`` reads it: how many live ModelPatchers refer to its model."""
+
+    def __init__(self, patchers):
+        self.patchers = patchers
+
+    def live_patchers(self):
+        return self.patchers
+
+
+def chain(path, package, root_kind, pattern="appended_list", holder_package=None):
+    return {"path": path, "package": package, "root_kind": root_kind, "stage": "probe", "pattern": pattern,
+            "suggestion": "...", "holder_package": holder_package or package}
+
+
+def test_what_holds_a_model_comfyui_let_go_of_decides_whether_it_leaked(monkeypatch):
+    from comfy_memx.leaks import unwarned
+    monkeypatch.setattr(unwarned, "custom_node_packages", lambda: {"some_pack"})
+    pack_list = chain("some_pack.HOARD[0].model", "some_pack", "module_global")
+    node_frame = chain("thread 'prompt_worker' frame some_pack.Sampler.sample local 'model'.model", "some_pack",
+                       "thread_frame", pattern="thread_frame")
+    worker_cache = chain("thread 'prompt_worker' frame execution.PromptExecutor.execute local 'self'.caches.outputs",
+                         "execution", "thread_frame", pattern="thread_frame")
+    via_pack_object = chain("execution.PromptExecutor.caches.outputs[...][0].value", "core", "module_global",
+                            pattern="node_instance_cache", holder_package="some_pack")
+    comfy_cache = chain("execution.caches.outputs[...]", "core", "module_global", pattern="comfyui_cache")
+    hoarded = Record(1)   # a live ModelPatcher still refers to the model
+    assert unwarned.leak_holder(hoarded, [worker_cache, node_frame, pack_list])["path"] == pack_list["path"]
+    for legit in ([worker_cache], [node_frame], [via_pack_object], [comfy_cache], []):
+        assert unwarned.leak_holder(hoarded, legit) is None, legit
+    orphan = Record(0)    # no ModelPatcher refers to it: whatever keeps it but ComfyUI's output cache leaks it
+    assert unwarned.leak_holder(orphan, [via_pack_object])["package"] == "some_pack"
+    assert unwarned.leak_holder(orphan, [comfy_cache]) is None
