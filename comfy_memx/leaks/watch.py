@@ -55,6 +55,7 @@ PROBE_CPU_S = 0.5    # the forward probe of a new leak, in every mode (it usuall
 MIN_SEARCH_S = 0.25  # CPU seconds: with less than this left in the prompt a search is deferred, never started
 MAX_TRIES = 4        # searches of one leak that may run out before it is reported as incomplete for good
 WAIT_FOR_SEARCH_S = 2.0  # how long a prompt's search waits for a requested search of ours to finish
+FOUND_BY_WARNING = "comfyui_warning"  # ``found_by`` of a leak ComfyUI warned about (``leaks.unwarned``: the others)
 
 
 class SearchDesk:
@@ -212,7 +213,8 @@ def _first_sighting(suspect, module, found, prompt_id, now, context):
     stage = "cycle" if module is None else "rooted"
     record.leak = {"stage": stage, "prompt_id": prompt_id, "time": now, "last_prompt": prompt_id, "last_seen": now,
                    "sightings": 1, "referrers": [], "search": None, "searches": 0, "tries": 0, "next_check": 1,
-                   "refs": None, "window": context[0], "holder": None}
+                   "refs": None, "window": context[0], "holder": None,
+                   "found_by": FOUND_BY_WARNING}
     report = None
     if stage == "rooted":
         book().rooted_leaks.add(record.model_id)
@@ -227,11 +229,11 @@ def _first_sighting(suspect, module, found, prompt_id, now, context):
     elif suspect.cycle is not None:
         report = suspect.cycle
         record.leak["referrers"] = [classified({"path": report.text, "package": None, "root_kind": "cycle"})]
-        record.leak["search"] = _search_summary(report)
+        record.leak["search"] = search_summary(report)
     if report is not None and STATE.config.leak_graph and _has_chain(report):
         _write_graph(record, stage, report)
     _log(record)
-    _emit_leak(record, reason="new")
+    emit_leak(record, reason="new")
 
 
 def _later_sighting(record, module, found, prompt_id, now, context):
@@ -249,7 +251,7 @@ def _later_sighting(record, module, found, prompt_id, now, context):
         if report is not None and STATE.config.leak_graph and _has_chain(report):
             _write_graph(record, "rooted", report)
         _log(record)
-        _emit_leak(record, reason=leak["search"].get("reason") if leak["search"] else "holders_changed")
+        emit_leak(record, reason=leak["search"].get("reason") if leak["search"] else "holders_changed")
         return
     STATE.events.emit("leak_seen", model=record.model, model_id=record.model_id, owner=record.owner._asdict(),
                       holder_package=_holder_package(leak), stage=leak["stage"], sightings=leak["sightings"],
@@ -312,7 +314,7 @@ def _store(record, report, reason, refs):
     """Put a search's chains, holder and summary on the leak record."""
     leak = record.leak
     referrers = [referrer_of(chain) for chain in report.chains]
-    summary = dict(_search_summary(report), reason=reason)
+    summary = dict(search_summary(report), reason=reason)
     leak["searches"] += 1
     if summary["result"] == "incomplete":
         leak["tries"] += 1
@@ -320,18 +322,18 @@ def _store(record, report, reason, refs):
         summary["retry"] = leak["tries"] < MAX_TRIES
     if referrers or summary["result"] != "incomplete" or not leak["referrers"]:
         leak["referrers"] = referrers
-        leak["holder"] = _holder_of(referrers)
-        record.holder_steps = _steps_of(report)
+        leak["holder"] = holder_of(referrers)
+        record.holder_steps = steps_of(report)
     leak["search"] = summary
     leak["refs"] = refs
 
 
-def _steps_of(report):
+def steps_of(report):
     """``{path: steps}`` of a report's chains that can be walked again (what a release cuts along)."""
     return {chain.path: chain.steps for chain in report.chains if getattr(chain, "steps", ())}
 
 
-def _holder_of(referrers):
+def holder_of(referrers):
     """The holder a user acts on: the shortest chain rooted in a custom-node package, else the shortest chain."""
     if not referrers:
         return None
@@ -349,7 +351,7 @@ def _holder_package(leak):
 
 def _probe_only_summary(probe):
     """Report mode, when the forward probe found no holder: what was searched and how to get the chain."""
-    summary = _search_summary(probe) if probe is not None else {"result": "incomplete", "stopped_by": "not_run"}
+    summary = search_summary(probe) if probe is not None else {"result": "incomplete", "stopped_by": "not_run"}
     summary.update(result="incomplete", reason="new",
                    note="report mode probes only from the custom-node packages; run with COMFY_MEMX_LEAK_MODE="
                         "strict, or POST /memx/models/{model_id}/search, for the full holder search")
@@ -400,12 +402,12 @@ def _search_now(record, ignore, budget_s):
     finally:
         del module
     referrers = [referrer_of(chain) for chain in report.chains]
-    record.holder_steps = _steps_of(report)
-    summary = dict(_search_summary(report), reason="requested", note=report.note or None)
+    record.holder_steps = steps_of(report)
+    summary = dict(search_summary(report), reason="requested", note=report.note or None)
     if record.leak is not None and record.leak["stage"] == "rooted":
-        record.leak.update(referrers=referrers, search=summary, refs=refs, holder=_holder_of(referrers))
+        record.leak.update(referrers=referrers, search=summary, refs=refs, holder=holder_of(referrers))
         record.leak["searches"] += 1
-    return {"holders": referrers, "holder": _holder_of(referrers), "search": summary}
+    return {"holders": referrers, "holder": holder_of(referrers), "search": summary}
 
 
 def public_state(leak):
@@ -415,6 +417,7 @@ def public_state(leak):
     state = {key: leak.get(key) for key in ("stage", "prompt_id", "time", "last_prompt", "last_seen", "sightings",
                                             "searches", "tries", "referrers", "search", "holder")}
     state["holder_package"] = _holder_package(leak)
+    state["found_by"] = leak.get("found_by", FOUND_BY_WARNING)
     return state
 
 
@@ -443,7 +446,8 @@ def _ignored(found):
     return [found, *STATE.ledger.containers()]
 
 
-def _search_summary(report):
+def search_summary(report):
+    """The JSON summary of a search report (a ``HolderReport``'s own, or the figures of a captured cycle)."""
     if hasattr(report, "search_summary"):  # a HolderReport: scans, found_by (probe/backward), the stages' figures
         return report.search_summary()
     return {"result": "found" if report.members else ("not_found" if report.complete else "incomplete"),
@@ -456,11 +460,13 @@ def _has_chain(report):
     return bool(getattr(report, "chains", None) or getattr(report, "members", None))
 
 
-def _emit_leak(record, reason):
+def emit_leak(record, reason):
+    """The ``leak`` event of ``record``'s leak state (``reason``: ``new``, ``holders_changed``, ``deferred``)."""
     leak = record.leak
     STATE.events.emit("leak", model=record.model, model_id=record.model_id, owner=record.owner._asdict(),
                       holder_package=_holder_package(leak), holder=leak.get("holder"), stage=leak["stage"],
-                      referrers=leak["referrers"], search=leak["search"], sightings=leak["sightings"], reason=reason)
+                      referrers=leak["referrers"], search=leak["search"], sightings=leak["sightings"], reason=reason,
+                      found_by=leak.get("found_by", FOUND_BY_WARNING))
 
 
 def _write_graph(record, stage, report):

@@ -9,11 +9,13 @@ Unload scopes (their reason and who asked): :func:`begin_unload_scope` / :func:`
 :func:`node_ended` (entries a node dropped).  Free flags: :func:`flag_set`, :func:`flags_served`.  Files:
 :func:`file_loaded`.
 
-For the other wings: :func:`current_prompt_id` (the prompt running on this thread: the leak wing's reports name it)
-and :func:`reload_view` (a record's reload causes: the surface shows them).
+For the other wings: :func:`current_prompt_id` (the prompt running on this thread: the leak wing's reports name it),
+:func:`modules_loading` (what the loads in progress on this thread are about to load: in use, not leaked) and
+:func:`reload_view` (a record's reload causes: the surface shows them).
 """
 
 from comfy_memx.core.errors import internal_error
+from comfy_memx.core.state import STATE
 from comfy_memx.ledger import accounting, attribution, causes
 from comfy_memx.ledger.accounting import (adopt_loaded, begin_load, end_load, loaded_size,  # noqa: F401
                                           note_model_unload)
@@ -71,3 +73,16 @@ def node_ended(model_management, snapshot, prompt_id, node_id, node):
     """After node ``node_id`` (the object ``node``) of ``prompt_id`` ran: the entries it removed from ComfyUI's list
     behind ComfyUI's back become unloads of reason ``dropped`` asked for by that node."""
     accounting.note_dropped(model_management, snapshot, causes.node_requester(prompt_id, node_id, node))
+
+
+def modules_loading():
+    """The ids of the torch modules that the ``load_models_gpu`` calls in progress on this thread load (a node is
+    about to use them); an empty set outside a load."""
+    found = set()
+    for call in list(STATE.stacks.loads):
+        for patcher in list(call.models or ()):
+            module = getattr(patcher, "model", None)
+            if module is not None:
+                found.add(id(module))
+            del module
+    return found

@@ -24,7 +24,9 @@ Lock rule (README, "Threads and locks"): the desk's lock is never taken by the `
 callback; the hook reads the run of its own thread from a dict and only the worker thread writes a run's phase.
 
 The receipt lists what was freed, what ComfyUI still has loaded, and the survivors: models whose torch module is
-alive although ComfyUI no longer holds them, each with the holder chains of a time-bounded strict search.
+alive although ComfyUI no longer holds them, each with the holder chains of a time-bounded strict search.  ComfyUI
+never warns about a model it unloaded, so once the worker has collected, a survivor whose search names a holder
+that makes it a leak is recorded as one (``leaks.unwarned``: ``found_by`` ``after_free``), counted once like any leak.
 Everything is held by weakref or ``model_id``; a module is strong only inside one search.
 """
 
@@ -389,6 +391,8 @@ def receipt(request, model_management=None, search_holders=True, trim=False, rel
     elif search_holders:  # a reason why they are not searched
         for survivor, _ in survivors:
             survivor["search"] = {"note": str(search_holders)}
+    if request.done:
+        _record_leaks(survivors, model_management)
     for survivor, record in survivors:
         survivor["leak"] = leaks.public_state(record.leak)
     rows = [survivor for survivor, _ in survivors]
@@ -427,6 +431,19 @@ def _search_survivors(request, survivors):
             internal_error("holder search for /memx/free", exc, answered=True)
     for survivor, _ in survivors[MAX_SEARCHED:]:
         survivor["search"] = {"note": f"not searched: only {MAX_SEARCHED} survivors are searched per request"}
+
+
+def _record_leaks(survivors, model_management):
+    """After the worker's collection: record as leaks the survivors whose search named a holder that makes one
+    (ComfyUI never warns about a model it unloaded), then look at the other models unloaded since the last check
+    (``leaks.unwarned``: an idle unload's receipt searches nothing itself)."""
+    try:
+        for survivor, record in survivors:
+            if survivor.get("holders"):
+                leaks.record_searched(record, survivor, model_management)
+        leaks.check_unloaded(model_management)
+    except Exception as exc:   # the receipt is answered all the same
+        internal_error("leaks found after a free", exc)
 
 
 def release_survivors(survivors):

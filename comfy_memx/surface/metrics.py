@@ -146,8 +146,8 @@ class Metrics:
         self.load_bytes = counter("load_bytes", "Bytes moved onto devices by model loads", ["package"])
         self.unloads = counter("unloads", "Model unloads by reason", ["reason", "package"])
         self.unload_bytes = counter("unload_bytes", "Bytes freed on devices by model unloads", ["reason"])
-        self.leaks = counter("leaks", "Leaked models reported after ComfyUI's leak warning (once per model), by "
-                             "holding package", ["package", "loader_package", "stage"])
+        self.leaks = counter("leaks", "Leaked models (once per model: after ComfyUI's leak warning, a free or an "
+                             "unload), by holding package", ["package", "loader_package", "stage"])
         self.leak_sightings = counter("leak_sightings", "Prompts in which ComfyUI warned again about a known leak",
                                       ["package", "loader_package"])
         self.leak_searches = counter("leak_searches", "Strict holder searches run after leak warnings", ["reason"])

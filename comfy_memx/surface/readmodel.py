@@ -19,7 +19,8 @@ def model_rows(model_management=None):
     """One dict per live model in the ledger: identity, bytes by device, pinned bytes, owner, times, leak state.
 
     ``state`` is ``loaded`` (weights on the load device), ``offloaded`` (a ModelPatcher still refers to it) or
-    ``leaked`` (ComfyUI warned about it, or no ModelPatcher refers to it any more).  Attribute reads only.
+    ``leaked`` (a leak record exists: ComfyUI warned about it, or ``leaks.unwarned`` found it held after a free
+    or an unload; or no ModelPatcher refers to it any more).  Attribute reads only.
     """
     mm = model_management if model_management is not None else sys.modules.get("comfy.model_management")
     listed = listed_modules(mm)

@@ -122,6 +122,12 @@ def in_use(record, module, mm):
     list holds it with a live patcher, or the prompt that loaded it is running."""
     if record.live_patchers():
         return "a ModelPatcher still uses it (ComfyUI's output cache or a node holds its MODEL)"
+    return in_comfyui_use(record, module, mm)
+
+
+def in_comfyui_use(record, module, mm):
+    """Why ComfyUI itself uses ``module`` now (a sentence), or None: its loaded list holds it with a live patcher,
+    or the prompt that loaded it is running (a leak found after an unload waits for both to end)."""
     for entry in list(getattr(mm, "current_loaded_models", ())):
         ref = getattr(entry, "real_model", None)
         if ref is not None and ref() is module and getattr(entry, "model", None) is not None:
