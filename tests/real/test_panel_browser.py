@@ -44,6 +44,20 @@ KINDS = {"launcher": {"launcher": "module", "env": SERVER_ENV, "node_pack": Fals
 REPO = os.path.dirname(HERE)
 PACK_FILES = ("__init__.py", "pyproject.toml", "comfy_memx", "patches")
 WAIT_MS = 60000
+#: how many times an element is looked up again when the panel redrew it between finding it and scrolling to it
+REDRAWS = 5
+
+
+def scroll_to(locator, timeout=WAIT_MS):
+    """Scroll ``locator``'s element into view.  The panel redraws its cards at every poll, so on a busy machine the
+    element found may be replaced before the scroll: then the new one is looked up, at most ``REDRAWS`` times (each
+    retry follows a redraw, which is progress)."""
+    for attempt in range(REDRAWS):
+        try:
+            return locator.scroll_into_view_if_needed(timeout=timeout)
+        except Exception as exc:   # playwright's Error; its module is imported only where Chromium is used
+            if "not attached" not in str(exc) or attempt == REDRAWS - 1:
+                raise
 NOT_SHOWN = {"null", "undefined", "NaN", "[object"}   # words a person should never read in the panel
 
 
@@ -173,7 +187,7 @@ def run_browser(session, shots, label):
             seen["shots"]["light"] = _shot(page, shots, f"{label}-panel-light.png")
             panel.locator("[data-memx=free-button]").click()
             page.locator("[data-memx=receipt]").first.wait_for(timeout=WAIT_MS * 2)
-            page.locator("[data-memx=receipt]").first.scroll_into_view_if_needed()
+            scroll_to(page.locator("[data-memx=receipt]").first)
             page.locator("svg.memx-timeline .memx-mark-free").first.wait_for(state="attached", timeout=WAIT_MS)
             seen["freed"] = panel_view(page)
             seen["shots"]["receipt"] = _shot(page, shots, f"{label}-panel-receipt-light.png")

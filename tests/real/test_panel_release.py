@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 
 from memx_helpers import load_module
-from test_panel_browser import (CHROMIUM, NOT_SHOWN, TAB_BUTTON, WAIT_MS, _playwright, _shot,  # noqa: F401
+from test_panel_browser import (CHROMIUM, NOT_SHOWN, TAB_BUTTON, WAIT_MS, _playwright, _shot, scroll_to,  # noqa: F401
                                 browser_cases, comfyuis_own, first_run_done, needs_chromium, node_pack_copy,
                                 screenshot_dir, set_palette, wait_until, watched)
 from test_real_comfyui import (configured_python, drive, memx_importable_by_real_python,  # noqa: F401
@@ -323,14 +323,14 @@ def run_release(session, browser, shots, label):
                               '[data-memx=leak] [data-memx=release-button]')].map(
                               (b) => b.closest('[data-memx=leak]').dataset.modelId)""")}
         button = card.locator("[data-memx=release-button]")
-        button.scroll_into_view_if_needed(timeout=WAIT_MS)
+        scroll_to(button)
         seen["shots"]["before"] = _shot(page, shots, f"{label}-panel-release-button-light.png")
         button.click(timeout=WAIT_MS)
         shown = page.locator("[data-memx=release-receipt]")
         shown.wait_for(timeout=WAIT_MS * 2)
         card.wait_for(state="detached", timeout=WAIT_MS)
         page.locator(f"[data-memx=model][data-model-id='{cached}']").wait_for(state="detached", timeout=WAIT_MS)
-        shown.scroll_into_view_if_needed()
+        scroll_to(shown)
         seen["receipt"] = shown.inner_text()
         seen["after"] = {"leaks": card_texts(page, "leak"), "models": card_texts(page, "model"),
                          "server": model_ids(session)}

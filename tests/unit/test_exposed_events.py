@@ -38,9 +38,13 @@ def test_a_path_that_is_not_a_regular_file_fails_at_startup_naming_the_option(tm
     else:
         path = "/dev/null"
     with pytest.raises(ConfigError) as info:
-        config.parse({"COMFY_MEMX_EVENTS": str(path)})
+        config.parse({"COMFY_MEMX_EVENTS": str(path)}, launcher=True)
     message = str(info.value)
     assert "COMFY_MEMX_EVENTS" in message and "--events" in message and "not a regular file" in message
+    with pytest.raises(ConfigError) as info:   # COMFY_MEMX=1 or the node pack: no launcher option to name
+        config.parse({"COMFY_MEMX_EVENTS": str(path)})
+    message = str(info.value)
+    assert "COMFY_MEMX_EVENTS" in message and "--events" not in message and "not a regular file" in message
 
 
 def test_the_launcher_exits_2_for_a_fifo(tmp_path):
