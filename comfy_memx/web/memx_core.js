@@ -141,6 +141,9 @@ function clock(seconds) {
   return seconds ? new Date(seconds * 1000).toLocaleTimeString() : "?";
 }
 
+// how a leak ComfyUI never warned about was found (a ComfyUI warning, the usual way, says nothing more)
+const FOUND_BY = { after_free: "found after a free", after_unload: "found after an unload" };
+
 function holderOf(leak) {
   if (!leak) return null;
   return leak.holder || (leak.referrers && leak.referrers[0]) || null;
@@ -352,7 +355,8 @@ export function mountPanel(root, options = {}) {
       return el("div", { class: "memx-card memx-leaked", "data-memx": "leak", "data-model-id": row.model_id },
         el("div", { class: "memx-name" }, row.model_id),
         el("div", { class: "memx-muted" },
-           `${row.leak.stage || "leaked"} · held by ${row.leak.holder_package || "?"} · loaded by ${who(row.owner)}`),
+           `${row.leak.stage || "leaked"} · held by ${row.leak.holder_package || "?"} · loaded by ${who(row.owner)}` +
+           (FOUND_BY[row.leak.found_by] ? ` · ${FOUND_BY[row.leak.found_by]}` : "")),
         chains.length ? chains : el("div", { class: "memx-muted" },
           `holder not found yet (search: ${search.result || search.note || "pending"})`),
         releaseControl(row));

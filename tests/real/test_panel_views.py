@@ -140,6 +140,22 @@ def test_a_leaked_card_without_a_leak_record_names_the_holder_its_search_found(v
 
 
 @needs_chromium
+def test_a_model_a_free_left_held_by_a_pack_shows_under_leaks_with_its_holder(view_page):
+    """A leak ComfyUI never warned about (``found_by: after_free``: a free unloaded the model and a pack still holds
+    it; the record is the one ``leaks.unwarned`` writes) is a leak card like a warned one, holder chain included, and
+    says how it was found; a model a free left held by nothing is no leak card."""
+    holder = {"package": "h1_leaky", "path": KEPT_PATH, "pattern": "appended_list", "suggestion": "drop the entry"}
+    leak = {"stage": "rooted", "found_by": "after_free", "holder_package": "h1_leaky", "holder": holder,
+            "referrers": [{**holder, "holder_package": "h1_leaky"}], "search": {"result": "found"}}
+    page = view_page([row("Freed#1", state="leaked", leak=leak), row("Gone#2")])
+    shown = page.locator("[data-memx=leak][data-model-id='Freed#1']")
+    shown.wait_for(timeout=WAIT_MS)
+    text = shown.inner_text()
+    assert KEPT_PATH in text and "held by h1_leaky" in text and "found after a free" in text, text
+    assert page.locator("[data-memx=leak][data-model-id='Gone#2']").count() == 0
+
+
+@needs_chromium
 def test_models_of_one_size_loaded_and_unloaded_together_each_have_a_lane_of_their_own(view_page):
     models = ["Same#1", "Same#2", "Same#3"]
     entries = [load_entry(i + 1, m, NOW - 60) for i, m in enumerate(models)]
