@@ -283,8 +283,8 @@ SETTINGS = (
     Setting("COMFY_MEMX_TOKEN", "token", _token, None,
             f"a string of at least {MIN_TOKEN_CHARS} printable characters without blanks (unset: none)",
             "Environment only: a command line is visible to every user. Callers that are not on loopback may use the "
-            "guarded routes (holder searches, `/memx/free`'s searches, `/memx/handoff/request`) when they send it as "
-            "`Authorization: Bearer <token>` or `X-Memx-Token: <token>` (see [Security](security.md)). Shown as "
+            "guarded routes (holder searches, releases, `/memx/free`'s searches, `/memx/handoff/request`) when they "
+            "send it as `Authorization: Bearer <token>` or `X-Memx-Token: <token>` (see [Security](security.md)). Shown as "
             "`<set>` by doctor.",
             option=False),
     Setting("COMFY_MEMX_ALLOWED_HOSTS", "allowed_hosts", _host_names, (),
