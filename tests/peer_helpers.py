@@ -1,6 +1,7 @@
 """Stand-ins for what answers on a hand-off peer's port: a squatter (another local user who bound it) that records
 every request and answers ``done, freed 1e15`` to all, or an honest peer that follows ``sharing.peerproof`` with a
-secret of its own (and claims to have freed more than it holds)."""
+secret of its own (and claims to have freed more than it holds), or one that proves itself and then stalls on the
+unload request until ``.release`` is set."""
 
 import json
 import threading
@@ -40,19 +41,23 @@ class Recorder(BaseHTTPRequestHandler):
         if nonce is None:
             return 403, {"error": "forbidden"}, None
         self.server.verified.append(json.loads(raw))
+        if self.server.stall:
+            self.server.release.wait(120)
         return 200, {"status": "done", "freed_bytes": 10 ** 15, "freed": ["BaseModel#3"]}, nonce
 
     def log_message(self, *args):
         pass
 
 
-def fake_peer(honest=False, port=0):
+def fake_peer(honest=False, port=0, stall=False, token="cd" * 16):
     """A recording HTTP server on 127.0.0.1:``port`` (0: a free one) (``.url``, ``.seen``; honest ones: ``.secret``,
-    ``.token``)."""
+    ``.token``; with ``stall``, an honest one that holds its answer to the unload request until ``.release`` is
+    set)."""
     server = ThreadingHTTPServer(("127.0.0.1", port), Recorder)
     server.daemon_threads = True
-    server.honest, server.seen, server.verified = honest, [], []
+    server.honest, server.seen, server.verified = honest or stall, [], []
+    server.stall, server.release = stall, threading.Event()
     server.url = "http://127.0.0.1:%d" % server.server_address[1]
-    server.secret, server.token, server.replays = peerproof.fresh_nonce(), "cd" * 16, peerproof.Replays()
+    server.secret, server.token, server.replays = peerproof.fresh_nonce(), token, peerproof.Replays()
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server

@@ -11,7 +11,8 @@ load is a band to the end of the log), with loads, unloads and leaks marked (mat
 
 A line that is not a JSON object with an ``event`` name, or whose fields have the wrong types, is counted and
 skipped; events of kinds this report does not know are counted as ``other``.  Exit status: 0, 1 when the PNG
-could not be written (the text report is printed anyway), 2 when the file cannot be read.
+could not be written or its path is refused (a link, another user's file: ``core.private``; the text report is
+printed anyway), 2 when the file cannot be read.
 """
 
 import argparse
@@ -21,6 +22,7 @@ import os
 import sys
 import types
 
+from comfy_memx.core.private import Refused
 from comfy_memx.core.units import format_bytes
 
 PLOT_HINT = "install matplotlib into this Python environment: python -m pip install matplotlib"
@@ -514,8 +516,9 @@ def _frame_axes(axes, frame, labels, pad, unit):
 
 
 def write_timeline(report, png_path):
-    """Draw :func:`draw_timeline` into ``png_path`` (created 0600: it names models and packages); raises
-    ImportError without matplotlib."""
+    """Draw :func:`draw_timeline` into ``png_path`` by ``core.private``'s rules (created 0600: it names models and
+    packages; no link followed, an existing file only when it is this user's and private enough:
+    ``core.private.Refused`` otherwise); raises ImportError without matplotlib."""
     from comfy_memx.core.private import create_private
     figure = draw_timeline(report)
     with create_private(png_path, binary=True) as png:
@@ -547,6 +550,9 @@ def main(argv):
         write_timeline(report, args.png)
     except ImportError:
         print(f"comfy_memx report: --png needs matplotlib; {PLOT_HINT}", file=sys.stderr)
+        return 1
+    except Refused as exc:
+        print(f"comfy_memx report: --png refused: {exc}", file=sys.stderr)
         return 1
     except (OSError, ValueError) as exc:
         print(f"comfy_memx report: cannot write {args.png}: {exc}", file=sys.stderr)

@@ -11,8 +11,8 @@ import dataclasses
 import math
 import os
 import re
-import stat
 
+from comfy_memx.core import private
 from comfy_memx.core.discovery import patch_names
 from comfy_memx.core.errors import ConfigError, MemxError
 
@@ -86,29 +86,18 @@ def _writable_folder(folder):
         raise Unusable(f"the folder {folder} is not writable")
 
 
-FILE_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-              (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder"))
-
-
-def not_a_regular_file(mode):
-    """What a file of ``st_mode`` ``mode`` is when it is not a regular file (``"a FIFO (named pipe)"``), else None."""
-    return next((what for test, what in FILE_KINDS if test(mode)), None if stat.S_ISREG(mode) else "not a regular file")
-
-
 def _events_file(text):
     path = _absolute(text)
     if path is None:
         return None
     try:
-        info = os.stat(path)  # follows a link: what a write would reach
+        info = private.inspect(path)  # no link followed that another user made, the file itself no link
+    except private.Refused as exc:
+        raise Unusable(str(exc)) from None
     except FileNotFoundError:
-        info = None
+        info = None                   # its folder does not exist: said below
     except OSError as exc:
         raise Unusable(f"{path} cannot be inspected ({exc.strerror or exc})") from None
-    if info is not None:
-        what = not_a_regular_file(info.st_mode)
-        if what is not None:
-            raise Unusable(f"{path} is {what}, not a regular file")
     _writable_folder(os.path.dirname(path))
     if info is not None and not os.access(path, os.W_OK):
         raise Unusable(f"the file {path} is not writable")
@@ -119,6 +108,12 @@ def _graph_folder(text):
     path = _absolute(text)
     if path is not None:
         _writable_folder(path)
+        try:
+            private.open_folder(path).close()   # reached with no link of another user followed
+        except private.Refused as exc:
+            raise Unusable(str(exc)) from None
+        except OSError as exc:
+            raise Unusable(f"the folder {path} cannot be opened ({exc.strerror or exc})") from None
     return path
 
 
@@ -248,14 +243,18 @@ SETTINGS = (
     Setting("COMFY_MEMX_EVENTS", "events", _events_file, None, "a file path in a writable folder (unset: no log)",
             "Append one JSON object per line for every load, unload, leak and free (see "
             "[Events](operations.md#events)). The path must name a regular file or nothing yet: a FIFO, socket or "
-            "device is refused."),
+            "device is refused, and so is a link, a file of another user or one that group or others can write, a "
+            "file in a folder others can write (/tmp) unless it is this user's and private, and a folder reached "
+            "through another user's link (see [Security](security.md#files-comfy_memx-writes))."),
     Setting("COMFY_MEMX_DISABLE", "disable", _patch_list, (), "comma list of " + ", ".join(PATCH_NAMES),
             "Patches to skip."),
     Setting("COMFY_MEMX_LEAK_BUDGET", "leak_budget", _positive_seconds, 2.0, "seconds > 0",
             "Strict mode: the CPU time of all holder searching in one prompt (and of one search asked for by a "
             "user), with a wall-clock cap of 5x that plus 1 s."),
     Setting("COMFY_MEMX_LEAK_GRAPH", "leak_graph", _graph_folder, None, "a writable folder (unset: none)",
-            "Strict mode: write a Graphviz `.dot` file per leak there, and a PNG when a `dot` binary exists."),
+            "Strict mode: write a Graphviz `.dot` file per leak there, and a PNG when a `dot` binary exists, each "
+            "a new 0600 file under a name with a random part (a folder reached through another user's link is "
+            "refused: see [Security](security.md#files-comfy_memx-writes))."),
     Setting("COMFY_MEMX_LEAK_FAIL", "leak_fail", _bool, False, "1/true/yes/on or 0/false/no/off",
             "Launcher: exit with status 3 at shutdown if a rooted leak was found and ComfyUI itself exited cleanly "
             "(its own non-zero status is kept). For custom-node authors' CI."),

@@ -3,10 +3,12 @@
 Every event has ``event``, ``time`` (unix seconds) and ``pid``.  Writing never blocks ComfyUI for long and never
 fails it.  The file behaves like a log file:
 
-* created with mode 0600 whatever the umask (``core.private``: its ``free`` lines name the callers' addresses);
-* only a regular file is written (``COMFY_MEMX_EVENTS`` naming a FIFO, socket or device is refused at start-up by
-  ``core.config``; one that turns into one later is opened without blocking, seen by ``fstat`` and switched off with
-  one warning);
+* opened by ``core.private``'s rules: created with mode 0600 whatever the umask (its ``free`` lines name the
+  callers' addresses), no link followed that another user made, the file itself never a link, an existing file
+  used only when ``fstat`` says it is this user's regular file that group and others cannot write (and private, in
+  a folder others can write); the same checks refuse a bad ``COMFY_MEMX_EVENTS`` at start-up (``core.config``),
+  and a file that turns into something refused later (a FIFO, socket or device included: opened without blocking)
+  switches the file off with one warning;
 * renamed or deleted (logrotate) is noticed at the next line, as ``logging.handlers.WatchedFileHandler`` does: the
   path is compared with the open file (device and inode) and reopened;
 * each line is one ``os.write`` of the whole line to a descriptor opened with ``O_APPEND``; a write cut short (the
@@ -31,26 +33,22 @@ import errno
 import json
 import logging
 import os
-import stat
 import sys
 import threading
 import time
 import weakref
 
-from comfy_memx.core.errors import MemxError, internal_error
+from comfy_memx.core.errors import internal_error
 from comfy_memx.core.private import open_private
 
 log = logging.getLogger("comfy_memx")
 
 RETRY_S = 1.0          # while the disk is full, a write is tried again at most this often
 NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG}
-OPEN_FLAGS = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+# read and write: the last byte of an existing file is read from this descriptor, never from the path again
+OPEN_FLAGS = (os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
               | getattr(os, "O_NOCTTY", 0))
 QUEUE_LIMIT = 10000    # lines waiting for the writer thread; beyond it they are dropped and counted
-
-
-class NotRegular(MemxError, OSError):
-    """The events path is not a regular file (a FIFO, socket or device appeared there)."""
 
 
 class EventLog:
@@ -150,8 +148,6 @@ class EventLog:
                 if self._unreported:
                     self._write_dropped()
                 self._write_line(data)
-            except NotRegular as exc:
-                self._switch_off(exc)
             except OSError as exc:
                 if exc.errno in NO_SPACE:
                     self._out_of_space(exc)
@@ -220,13 +216,10 @@ class EventLog:
             except FileNotFoundError:
                 pass
             self._close_fd()
-        fd = open_private(self.path, OPEN_FLAGS)
+        fd = open_private(self.path, OPEN_FLAGS)   # core.private.Refused (an OSError) switches the file off
         try:
             info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                from comfy_memx.core.config import not_a_regular_file
-                raise NotRegular(errno.EINVAL, f"{not_a_regular_file(info.st_mode)}, not a regular file")
-            _end_with_newline(self.path, fd, info.st_size)
+            _end_with_newline(fd, info.st_size)
         except BaseException:
             os.close(fd)
             raise
@@ -279,19 +272,22 @@ class EventLog:
             self._close_fd()
 
 
-def _end_with_newline(path, fd, size):
+def _end_with_newline(fd, size):
     """A file left with a partial last line (a crash mid-write before comfy_memx) gets a newline first, so the next
-    line starts on its own."""
+    line starts on its own.  The byte is read from ``fd`` itself: the path is never opened again."""
     if size == 0:
         return
     try:
-        with open(path, "rb") as reader:
-            reader.seek(size - 1)
-            last = reader.read(1)
+        last = os.pread(fd, 1, size - 1) if hasattr(os, "pread") else _read_at(fd, size - 1)
     except OSError:
         return
     if last not in (b"\n", b""):
         os.write(fd, b"\n")
+
+
+def _read_at(fd, offset):
+    os.lseek(fd, offset, os.SEEK_SET)
+    return os.read(fd, 1)
 
 
 def _running_loop_in(loops):

@@ -42,6 +42,7 @@ import tempfile
 import time
 
 from comfy_memx.core.errors import MemxError
+from comfy_memx.core.private import Refused, check_file
 from comfy_memx.core.state import STATE
 
 log = logging.getLogger("comfy_memx")
@@ -276,18 +277,15 @@ def _read_private(path):
 
 
 def _check_ours(fd, path):
+    """The rule of every file comfy_memx writes (``core.private.check_file``: a regular file of this user), private
+    (no access for group or others), and small."""
     info = os.fstat(fd)
-    problem = None
-    if not stat.S_ISREG(info.st_mode):
-        problem = "is not a regular file"
-    elif hasattr(os, "getuid") and info.st_uid != os.getuid():
-        problem = "belongs to uid %d, not to this user" % info.st_uid
-    elif info.st_size > MAX_FILE_BYTES:
-        problem = "is larger than %d bytes" % MAX_FILE_BYTES
-    elif hasattr(os, "getuid") and info.st_mode & 0o077:
-        problem = "is readable or writable by others (mode %o)" % stat.S_IMODE(info.st_mode)
-    if problem is not None:
-        raise RegistryUnavailable(0, "host registry %s %s" % (path, problem))
+    try:
+        check_file(info, path, private=True)
+    except Refused as exc:
+        raise RegistryUnavailable(0, "host registry %s" % exc) from None
+    if info.st_size > MAX_FILE_BYTES:
+        raise RegistryUnavailable(0, "host registry %s is larger than %d bytes" % (path, MAX_FILE_BYTES))
 
 
 def _write_private(path, data):

@@ -38,6 +38,7 @@ reference here would itself cause the leak it reports.
 
 import itertools
 import logging
+import os
 import sys
 import threading
 import time
@@ -92,6 +93,7 @@ class LeakBook:
         self.spent_s = 0.0
         self.calls = itertools.count()  # numbers the cleanup calls made outside any prompt
         self.rooted_leaks = set()  # model_ids of rooted leaks found in this process (for COMFY_MEMX_LEAK_FAIL)
+        self.graph_warned = False  # a leak graph that could not be written was logged (once per process)
 
     def remaining(self, window):
         """CPU seconds of strict-mode work left in ``window`` (a prompt, or one cleanup call outside prompts) under
@@ -470,23 +472,34 @@ def emit_leak(record, reason):
 
 
 def _write_graph(record, stage, report):
-    """COMFY_MEMX_LEAK_GRAPH: one Graphviz file per leak, and a PNG when a ``dot`` binary exists (both 0600)."""
-    import os
+    """COMFY_MEMX_LEAK_GRAPH: one Graphviz file per leak, and a PNG when a ``dot`` binary exists.  Both are new 0600
+    files under one unguessable name (``core.private``: ``O_EXCL``, no link followed); ``dot`` reads the graph on its
+    stdin and writes the PNG to its stdout, so neither file is opened again by name.  A refusal or failure is logged
+    once per process."""
     import shutil
     import subprocess
-    from comfy_memx.core.private import create_private
+    from comfy_memx.core import private
     from comfy_memx.leaks import holders
+    folder = STATE.config.leak_graph
+    stem = "".join(c if c.isalnum() or c in "._" else "-" for c in f"{record.model_id}-{stage}-{os.getpid()}")
+    name = private.unguessable(stem)
     try:
-        base = os.path.join(STATE.config.leak_graph, f"{record.model_id.replace('#', '-')}-{stage}-{os.getpid()}")
-        with create_private(base + ".dot") as f:
-            f.write(holders.to_dot(report))
-        dot = shutil.which("dot")
-        if dot:   # dot writes the PNG to its stdout, a file made 0600 here (dot -o would follow the umask)
-            with create_private(base + ".png", binary=True) as png:
-                subprocess.run([dot, "-Tpng", base + ".dot"], timeout=20, check=False, stdout=png,
-                               stderr=subprocess.DEVNULL)
+        text = holders.to_dot(report)
+        with private.open_folder(folder) as place:
+            with place.create(name + ".dot") as f:
+                f.write(text)
+            dot = shutil.which("dot")
+            if dot:
+                drawn = subprocess.run([dot, "-Tpng"], input=text.encode("utf-8"), timeout=20, check=False,
+                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                if drawn.returncode == 0 and drawn.stdout:
+                    with place.create(name + ".png", binary=True) as png:
+                        png.write(drawn.stdout)
     except (OSError, subprocess.SubprocessError) as exc:
-        log.warning("comfy_memx: cannot write the leak graph to %s (%s)", STATE.config.leak_graph, exc)
+        if not book().graph_warned:
+            book().graph_warned = True
+            log.warning("comfy_memx: cannot write the leak graph %s to %s (%s); later failures are not logged "
+                        "(check COMFY_MEMX_LEAK_GRAPH / --leak-graph)", name, folder, exc)
 
 
 def search_path(model_id):

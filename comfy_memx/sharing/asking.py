@@ -2,7 +2,9 @@
 
 :func:`ask` takes a peer's registry entry (``core.hostshare.Peer``: its token, URL, secret) and follows
 ``sharing.peerproof``: a hello with a fresh nonce, answered within :data:`PEER_ANSWER_S` seconds with the peer's
-proof; then the unload request signed for that peer, whose answer must carry its proof too.  What it answers is the
+proof; then the unload request signed for that peer, whose answer must carry its proof too, within
+:data:`PEER_UNLOAD_S` seconds (the peer is told so, and answers by then): a proven peer that stalls is cut off there,
+so the requester asks the next one instead of waiting out the whole ``COMFY_MEMX_HANDOFF_WAIT``.  What it answers is the
 peer's answer (``status``, ``freed_bytes``, ``freed``) or one of ``unreachable`` (no answer in time, refused
 connection, not HTTP), ``unproven`` (an answer without a valid proof: not the registered peer), ``refused`` (the
 URL is not on an address of this host).  Every exchange is bounded as a whole (a peer that sends one byte at a time
@@ -19,6 +21,7 @@ import urllib.parse
 from comfy_memx.sharing import address, peerproof
 
 PEER_ANSWER_S = 3.0            # a peer's hello must be answered within this; a silent one is skipped
+PEER_UNLOAD_S = 8.0            # a proven peer must answer its unload request within this; a stalled one is skipped
 MAX_ANSWER_BYTES = 64 * 1024
 GIVE_PATH = "/memx/handoff"
 
@@ -76,15 +79,15 @@ def _who(peer):
 
 
 def ask(peer, body, deadline):
-    """Ask ``peer`` to unload (``body``: the ``POST /memx/handoff`` fields) before the monotonic ``deadline``; the
-    peer's proven answer as a dict, or ``{"status": "unreachable" | "unproven" | "refused", "error": ...}``."""
+    """Ask ``peer`` to unload (``body``: the ``POST /memx/handoff`` fields) before the monotonic ``deadline`` and
+    within :data:`PEER_ANSWER_S` + :data:`PEER_UNLOAD_S` seconds; the peer's proven answer as a dict, or ``{"status": "unreachable" | "unproven" | "refused", "error": ...}``."""
     url = peer.data.get("url") or ""
     if not address.held_here(url):
         return {"status": "refused", "error": "peers are asked on this host's addresses only"}
     try:
         if not proven(peer, peerproof.fresh_nonce(), max(0.1, min(PEER_ANSWER_S, deadline - time.monotonic()))):
             return {"status": "unproven", "error": "its hello answer does not carry the registered peer's proof"}
-        timeout = max(1.0, deadline - time.monotonic())
+        timeout = max(1.0, min(PEER_UNLOAD_S, deadline - time.monotonic()))
         raw = json.dumps(dict(body, timeout=round(timeout - 0.5, 3))).encode()   # the peer answers before we stop
         nonce = peerproof.fresh_nonce()
         auth = peerproof.request_auth(peer.data["secret"], _who(peer), raw, nonce)

@@ -17,9 +17,10 @@ each other.  Each instance publishes a random peer secret there; the secret neve
 registered one, and a request proves it comes from the group, by HMACs keyed by that secret over fresh nonces
 (``sharing.peerproof``), asked by ``sharing.asking``.  What is believed of an answer is bounded: a peer that does
 not prove itself, or does not answer a hello within ``sharing.asking.PEER_ANSWER_S`` seconds, is skipped (and the
-next one asked), and the bytes it says it freed are clipped to the bytes its registry entry says it holds
-(``held_bytes``, published at the end of each prompt and after each hand-off).  A refusal never says this
-instance's device.
+next one asked), and so is a proven peer that does not answer its unload request within
+``sharing.asking.PEER_UNLOAD_S`` seconds; the bytes it says it freed are clipped to the bytes its registry entry
+says it holds (``held_bytes``, published at the end of each prompt and after each hand-off).  A refusal never says
+this instance's device.
 """
 
 import logging

@@ -12,8 +12,10 @@ The proofs are ``sharing.peerproof``'s: the hello answers an HMAC of the caller'
 ``/memx/handoff`` serves only a request whose ``X-Memx-Peer-Auth`` verifies (once: a replay is refused), and signs
 each answer it gives such a request (``X-Memx-Peer-Proof``).
 
-Only with ``COMFY_MEMX_HANDOFF=host``; otherwise both answer 404 saying that hand-off is off and which setting
-turns it on (instead of the 405 that ComfyUI answers for an unknown POST path).  They are built with the route kit
+Only with ``COMFY_MEMX_HANDOFF=host``; otherwise they answer 404 saying that hand-off is off and which setting
+turns it on (instead of the 405 that ComfyUI answers for an unknown POST path).  With the setting on but the host
+registry unusable (``handoff.start_safely`` logged why), ``/memx/handoff/request`` answers 409 ``handoff_off``
+and asks nobody, as the hello does.  They are built with the route kit
 that the surface's routes use too (``comfy_memx.routekit``): the same error JSON and guard (``replies.guarded``,
 ``replies.guard``), the same access rules (``access``), bodies read by ``bodies`` and the blocking work on
 ``executors.work()``.
@@ -74,6 +76,9 @@ class HandoffHandlers:
             nbytes = numbers.whole(request.query.get("bytes", ""), 1, GIVE_FIELDS["bytes"].maximum)
         except numbers.BadNumber:
             raise HttpError(400, "bad_bytes", "bytes must be a whole number of bytes > 0") from None
+        if handoff.part().registry is None:
+            raise HttpError(409, "handoff_off", "GPU hand-off is off in this server: its host registry could not be "
+                                                "used safely (the server log says why); no peer was asked")
         if self.asking:
             raise HttpError(429, "busy", "a hand-off request is in progress",
                             retry_after=1 + int(STATE.config.handoff_wait))

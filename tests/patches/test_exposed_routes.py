@@ -498,6 +498,30 @@ def test_handoff_routes_say_that_handoff_is_off_when_it_is(tmp_path):
         assert status == 404 and body["error"] == "handoff_off" and "COMFY_MEMX_HANDOFF=host" in body["message"]
 
 
+def test_handoff_request_says_handoff_is_off_when_its_registry_cannot_be_used(tmp_path, monkeypatch, caplog):
+    """COMFY_MEMX_HANDOFF=host, but this user's private folder is a link another process planted: the registry is
+    refused at start, and asking by hand says hand-off is off (409) instead of a 200 that asked nobody."""
+    import os
+    from comfy_memx.core import hostshare
+    from comfy_memx.sharing import handoff
+    base = tmp_path / "shm"
+    base.mkdir()
+    os.chmod(base, 0o1777)
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    os.symlink(tmp_path / "elsewhere", base / f"comfy_memx-{os.getuid()}")
+    monkeypatch.setattr(hostshare, "shared_base", lambda: str(base))
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+
+    async def scenario(comfy):
+        assert handoff.start_safely(1) is None
+        return await post(comfy, "/memx/handoff/request?bytes=1")
+
+    status, body, _ = serve("0.27.0", tmp_path, scenario, handoff="host")
+    assert (status, body["error"]) == (409, "handoff_off"), body
+    assert "registry" in body["message"] and "GPU hand-off is off" in body["message"]
+    assert any("GPU hand-off is off" in r.getMessage() for r in caplog.records)
+
+
 def test_models_never_show_client_addresses(tmp_path):
     async def scenario(comfy):
         await comfy.run(leaky("a"))

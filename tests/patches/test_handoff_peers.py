@@ -64,6 +64,36 @@ def test_squatters_learn_nothing_reusable_are_not_believed_and_do_not_hold_the_w
     assert len([r for r in caplog.records if "pid 100" in r.getMessage()]) == 1   # logged once
 
 
+def test_a_proven_peer_that_stalls_on_the_unload_is_cut_off_and_the_next_one_asked(tmp_path, monkeypatch):
+    """A peer that proves itself and then never answers its unload request holds the requester for
+    ``asking.PEER_UNLOAD_S`` at most, not the whole hand-off wait (60 s here): the next peer is asked in time."""
+    from comfy_memx.sharing import handoff
+    stalled, honest = fake_peer(stall=True, token="ab" * 16), fake_peer(honest=True)
+
+    async def scenario(comfy):
+        handoff.start(1)
+        device = handoff.part().device
+        peers = {stalled.token: Peer(100, 0, {"device": device, "url": stalled.url, "secret": stalled.secret,
+                                              "held_bytes": 10 ** 6}, stalled.token),
+                 honest.token: Peer(101, 0, {"device": device, "url": honest.url, "secret": honest.secret,
+                                             "held_bytes": 5000}, honest.token)}
+        monkeypatch.setattr(handoff.part().registry, "peers", lambda: peers)
+        return await post(comfy, "/memx/handoff/request?bytes=1000000000")
+
+    try:
+        status, answer, _ = serve("0.27.0", tmp_path, scenario, handoff_wait=60, **handoff_on(tmp_path, monkeypatch))
+    finally:
+        stalled.release.set()
+        stalled.shutdown()
+        honest.shutdown()
+    assert status == 200, answer
+    assert answer["peers_asked"] == [{"pid": 100, "status": "unreachable"},
+                                     {"pid": 101, "status": "done", "clipped_from": 10 ** 15}], answer
+    assert answer["freed_bytes"] == 5000 and [giver["pid"] for giver in answer["givers"]] == [101]
+    [request] = stalled.verified                  # proven, asked, and told how long it has to answer
+    assert request["timeout"] == asking.PEER_UNLOAD_S - 0.5 and len(honest.verified) == 1
+
+
 def test_a_captured_request_cannot_be_replayed_altered_or_sent_elsewhere():
     replays, body = peerproof.Replays(), b'{"bytes": 1}'
     who, other = peerproof.identity("ab" * 16, "http://127.0.0.1:1"), peerproof.identity("cd" * 16, "http://127.0.0.1:2")

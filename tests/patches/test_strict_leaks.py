@@ -411,7 +411,7 @@ def test_leak_graphs_are_written_0600_under_umask_022(version, tmp_path, monkeyp
     graphs.mkdir()
     tools = tmp_path / "bin"
     tools.mkdir()
-    (tools / "dot").write_text("#!/bin/sh\nprintf 'PNG of %s' \"$2\"\n")   # Graphviz's dot, writing to stdout
+    (tools / "dot").write_text("#!/bin/sh\nprintf 'PNG of [%s] ' \"$*\"; cat\n")   # dot: graph on stdin, PNG on stdout
     os.chmod(tools / "dot", 0o755)
     monkeypatch.setenv("PATH", str(tools) + os.pathsep + os.environ.get("PATH", ""))
     with umask(0o022), memx_on(version, leak_mode="strict", leak_graph=graphs, leak_budget=20) as mm:
@@ -424,7 +424,8 @@ def test_leak_graphs_are_written_0600_under_umask_022(version, tmp_path, monkeyp
     assert {name.rsplit(".", 1)[1] for name in written} == {"dot", "png"}
     assert all(mode_of(graphs / name) == 0o600 for name in written), {n: oct(mode_of(graphs / n)) for n in written}
     [png] = [name for name in written if name.endswith(".png")]
-    assert (graphs / png).read_text().startswith("PNG of ") and (graphs / png).read_text().endswith(".dot")
+    [dot] = [name for name in written if name.endswith(".dot")]
+    assert (graphs / png).read_text() == "PNG of [-Tpng] " + (graphs / dot).read_text()   # handed no file name
 
 
 @pytest.mark.parametrize("version", VERSIONS)
