@@ -58,19 +58,20 @@ class _Walk:
         self.seen = {}
         self.result = Walked()
 
-    def run(self, starts, wanted=frozenset(), max_objects=MAX_OBJECTS, cpu_s=CPU_S):
+    def run(self, starts, wanted=frozenset(), max_objects=None, cpu_s=None):
         """Walk from ``starts`` (``(label, object)`` pairs); stop at the first model in ``wanted``."""
-        budget, queue, result = Budget(cpu_s), collections.deque(), self.result
+        max_objects = MAX_OBJECTS if max_objects is None else max_objects
+        budget, queue, result = Budget(CPU_S if cpu_s is None else cpu_s), collections.deque(), self.result
         for label, obj in starts:
             self._meet(obj, label, queue, wanted)
         expanded, until_check = 0, 0
         while queue and result.found is None:
-            if until_check <= 0:
-                stop = budget.stop_reason() or ("objects" if expanded >= max_objects else None)
-                if stop is not None:
-                    result.complete, result.stopped_by = False, stop
-                    break
-                until_check = _CHECK_EVERY
+            stop = "objects" if expanded >= max_objects else None
+            if stop is None and until_check <= 0:
+                stop, until_check = budget.stop_reason(), _CHECK_EVERY
+            if stop is not None:
+                result.complete, result.stopped_by = False, stop
+                break
             until_check -= 1
             obj, label = queue.popleft()
             expanded += 1
@@ -127,7 +128,7 @@ def _comfyui_verdict(cls, _module_cls):
     return is_standard(cls) or is_comfyui_class(cls)
 
 
-def entry_contents(value, leave_out=(), max_objects=MAX_OBJECTS, cpu_s=CPU_S):
+def entry_contents(value, leave_out=(), max_objects=None, cpu_s=None):
     """A :class:`Walked` of everything ``value`` (one cache entry's value) holds, the objects whose ids are in
     ``leave_out`` (the pack's chain above the entry) not entered; ``models`` are all it reached."""
     walk = _Walk(_contents_verdict, leave_out)
@@ -137,7 +138,7 @@ def entry_contents(value, leave_out=(), max_objects=MAX_OBJECTS, cpu_s=CPU_S):
         del value
 
 
-def comfyui_reach(roots, wanted_ids, leave_out=(), max_objects=MAX_OBJECTS, cpu_s=CPU_S):
+def comfyui_reach(roots, wanted_ids, leave_out=(), max_objects=None, cpu_s=None):
     """A :class:`Walked` from ComfyUI's ``roots`` (``(label, object)`` pairs) through standard containers and
     ComfyUI's own objects, never entering the objects whose ids are in ``leave_out``; ``found`` names the root that
     reached a model of ``wanted_ids`` (None: none did, or the walk stopped first: see ``complete``)."""

@@ -4,11 +4,15 @@ The steps (:mod:`comfy_memx.leaks.holders.steps`) name each object by ``id`` and
 reference through C-level views (``dict.get``, ``list.__getitem__``, the class namespace, the instance ``__dict__``)
 and never through the pack's ``__getattr__`` or ``__getitem__``.  Any object that is not the one recorded raises
 :class:`Changed`: the container was replaced, the entry now holds something else, or the chain no longer ends at the
-model.  Only the cut itself runs the container's own code (``type(container).__delitem__``, or ``cache_clear()`` of
-a bounded ``lru_cache``), and if that raises, whatever it removed is put back and :class:`CutFailed` says so.
+model.  Only the cut itself runs the container's own code: the public ``__delitem__`` (else ``pop``) of the mapping
+object that keeps the entry's container as its own attribute (a ``WeakKeyDictionary``'s ``.data``, a ``cachetools``
+cache's dict, a pack's mapping class), else ``type(container).__delitem__``, or ``cache_clear()`` of a bounded
+``lru_cache``; the entry must be gone afterwards.  If a container's own removal raises, whatever it removed is put back
+and :class:`CutFailed` says so; a mapping object's remover that raises or leaves the entry is :class:`CutFailed` too.
 
 Type tests read ``type(obj)``, never ``isinstance`` (which asks a hostile object for its ``__class__``).  The
-objects are held only inside :func:`cut` and dropped before it returns.
+objects are held only by a :class:`Chain` (:func:`follow`), which its caller drops (:func:`cut` does before it
+returns).
 """
 
 import collections
