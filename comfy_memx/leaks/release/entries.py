@@ -96,9 +96,11 @@ def choose(chain, indices, group_ids):
         return None
     objects = chain.objects
     for index in indices:
-        walked = reach.entry_contents(objects[index], leave_out=[id(obj) for obj in objects[:index]])
+        last = index == indices[-1]
+        walked = reach.entry_contents(objects[index], leave_out=[id(obj) for obj in objects[:index]],
+                                      allowed=None if last else group_ids)
         if walked.complete and not walked.structure and walked.models <= group_ids:
             return Choice(index, walked, True)
-        if index == indices[-1]:
+        if last:
             return Choice(index, walked, False)
     return None

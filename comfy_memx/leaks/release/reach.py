@@ -50,8 +50,9 @@ class _Walk:
     """One bounded walk; ``enter`` decides, by class, whether an object that is neither a model nor a leaf is
     walked through (True), walked through as a cache structure ("structure") or left alone (False)."""
 
-    def __init__(self, enter, skip_ids):
+    def __init__(self, enter, skip_ids, allowed=None):
         self.enter = enter
+        self.allowed = allowed   # with a set of model ids: stop at the first other model or cache structure
         self.module_cls, self.leaf_ids = torch_kinds()
         self.skip = set(skip_ids) | _module_dict_ids()
         self.verdicts = {}
@@ -65,7 +66,7 @@ class _Walk:
         for label, obj in starts:
             self._meet(obj, label, queue, wanted)
         expanded, until_check = 0, 0
-        while queue and result.found is None:
+        while queue and result.found is None and not self._settled():
             stop = "objects" if expanded >= max_objects else None
             if stop is None and until_check <= 0:
                 stop, until_check = budget.stop_reason(), _CHECK_EVERY
@@ -81,6 +82,11 @@ class _Walk:
         queue.clear()
         self.seen.clear()
         return result
+
+    def _settled(self):
+        """True once a walk told to stop at an object outside ``allowed`` met one (the answer cannot change)."""
+        result = self.result
+        return self.allowed is not None and (result.structure or not result.models <= self.allowed)
 
     def _meet(self, obj, label, queue, wanted):
         obj_id = id(obj)
@@ -128,10 +134,12 @@ def _comfyui_verdict(cls, _module_cls):
     return is_standard(cls) or is_comfyui_class(cls)
 
 
-def entry_contents(value, leave_out=(), max_objects=None, cpu_s=None):
+def entry_contents(value, leave_out=(), allowed=None, max_objects=None, cpu_s=None):
     """A :class:`Walked` of everything ``value`` (one cache entry's value) holds, the objects whose ids are in
-    ``leave_out`` (the pack's chain above the entry) not entered; ``models`` are all it reached."""
-    walk = _Walk(_contents_verdict, leave_out)
+    ``leave_out`` (the pack's chain above the entry) not entered; ``models`` are all it reached.  With ``allowed``
+    (a set of model ids) it stops at the first other model or cache structure: the entry then holds more than
+    those, and ``models`` is only what it met until then."""
+    walk = _Walk(_contents_verdict, leave_out, allowed)
     try:
         return walk.run([("entry", value)], max_objects=max_objects, cpu_s=cpu_s)
     finally:
