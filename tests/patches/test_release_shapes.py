@@ -25,8 +25,6 @@ from comfy_memx.leaks import release as releases
 from comfy_memx.leaks.release import entries
 from memx_helpers import memx_on
 
-pytest.importorskip("cachetools")
-
 VERSIONS = ["0.3.64", "0.27.0"]
 PACK = '''
 """Caches of ComfyUI objects, written as published packs write them."""
