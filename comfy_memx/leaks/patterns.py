@@ -22,7 +22,8 @@ torch_module_attribute  a ``torch.nn.Module`` holds it as a submodule (``_module
 appended_list           a module-level list or deque that gets every model appended to it
 class_cache             a dict, list or other container that is an attribute of a class (shared by all instances)
 singleton               an attribute of a long-lived object of ComfyUI (the prompt server, the executor ...)
-module_registry         a dict or set that is a module global (a registry or cache of the package)
+module_registry         a dict or set that is a module global (a registry or cache of the package), or a weak
+                        dictionary, a ``cachetools`` cache or another mapping class bound to one
 module_global           a module global bound to the model (or to an object holding it)
 unknown                 anything else (an object held only from C code, say): said so, never guessed
 ======================  ==================================================================================
@@ -69,23 +70,20 @@ _SINGLETON_MODULES = ("server", "execution", "main", "nodes", "comfy_execution",
 _CALLABLE_KINDS = ("function", "method", "functools.partial")
 _LIST_KINDS = ("list", "collections.deque")
 _REGISTRY_KINDS = ("list", "collections.deque", "dict", "set", "collections.OrderedDict",
-                   "collections.defaultdict")
+                   "collections.defaultdict", "weakref.WeakKeyDictionary", "weakref.WeakValueDictionary")
 _CONTAINER_STEP = re.compile(r"\[[^\]]*\]")
 _COMFYUI_CACHE = re.compile(r"\.caches\.(outputs|objects|ui)\b")   # execution.CacheSet of ComfyUI's executor
 
 
 def classify(chain):
-    """``(pattern, suggestion)`` of one referrer ``{"path", "package", "root_kind", "kinds"?, "inner_package"?}``
-    (see the module docstring)."""
-    pattern = _pattern(str(chain.get("path") or ""), chain.get("root_kind"), chain.get("package"),
-                       tuple(chain.get("kinds") or ()), chain.get("inner_package"))
+    """``(pattern, suggestion)`` of one referrer ``{"path", "package", "root_kind", "kinds"?, "inner_package"?,
+    "mappings"?}`` (see the module docstring; ``mappings``: the types on the chain that are mapping classes)."""
+    path, kinds = str(chain.get("path") or ""), tuple(chain.get("kinds") or ())
+    root_kind, package, inner_package = chain.get("root_kind"), chain.get("package"), chain.get("inner_package")
+    pattern = (_holder_kind_pattern(path, root_kind, package, kinds, inner_package)
+               or _shape_pattern(path, package, kinds, inner_package)
+               or _root_pattern(path, root_kind, package, kinds, tuple(chain.get("mappings") or ())))
     return pattern, SUGGESTIONS[pattern]
-
-
-def _pattern(path, root_kind, package, kinds, inner_package):
-    return (_holder_kind_pattern(path, root_kind, package, kinds, inner_package)
-            or _shape_pattern(path, package, kinds, inner_package)
-            or _root_pattern(path, root_kind, package, kinds))
 
 
 def _holder_kind_pattern(path, root_kind, package, kinds, inner_package):
@@ -118,8 +116,9 @@ def _shape_pattern(path, package, kinds, inner_package):
     return None
 
 
-def _root_pattern(path, root_kind, package, kinds):
-    """Patterns named by the root: a class attribute or a module global, ``unknown`` for any other root."""
+def _root_pattern(path, root_kind, package, kinds, mappings=()):
+    """Patterns named by the root: a class attribute or a module global, ``unknown`` for any other root.  A module
+    global bound to a weak dictionary, a ``cachetools`` cache or another mapping class is a registry."""
     if root_kind == "class_attribute":
         owner = _class_owner(path)
         return "singleton" if package == "core" or owner.endswith(".instance") else "class_cache"
@@ -129,7 +128,8 @@ def _root_pattern(path, root_kind, package, kinds):
             return "appended_list"
         if package == "core" and _first_name(path).split(".")[0] in _SINGLETON_MODULES:
             return "singleton"
-        if below in _REGISTRY_KINDS or (not kinds and _CONTAINER_STEP.match(_after_global(path))):
+        if (below in _REGISTRY_KINDS or below in mappings
+                or (not kinds and _CONTAINER_STEP.match(_after_global(path)))):
             return "module_registry"
         return "module_global"
     return "unknown"

@@ -229,8 +229,8 @@ def leak_holder(record, referrers):
 
 def custom_node_packages():
     """The names of the custom-node packages loaded in this process (as the holder search names them)."""
-    from comfy_memx.leaks.holders.packages import custom_node_modules
-    return {package for _, _, package in custom_node_modules()}
+    from comfy_memx.leaks.holders.packages import custom_node_package_names
+    return custom_node_package_names()
 
 
 def _found_by(record):

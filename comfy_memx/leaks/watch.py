@@ -432,7 +432,7 @@ def referrer_of(chain):
     inner = getattr(chain, "inner_package", None)
     kinds = getattr(chain, "kinds", ())
     referrer["pattern"], referrer["suggestion"] = patterns.classify(
-        dict(referrer, kinds=kinds, inner_package=inner))
+        dict(referrer, kinds=kinds, inner_package=inner, mappings=getattr(chain, "mappings", ())))
     root_package = chain.package if chain.package not in ("?", None) else None
     referrer["holder_package"] = inner if inner and root_package in ("core", None) else root_package
     return referrer

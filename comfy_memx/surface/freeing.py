@@ -378,7 +378,8 @@ def receipt(request, model_management=None, search_holders=True, trim=False, rel
     or no ModelPatcher refers to it any more.  Before the worker is done only the leaked ones are known, and no
     search runs.  ``memory`` tells allocator retention from held bytes (``surface.retention``); ``trim`` runs
     ``malloc_trim(0)`` first (the route does once the worker is done).  ``release`` releases each survivor whose
-    search found a holder before the memory is read (``releases``; the bytes of those that died: ``release_bytes``).
+    search found a holder before the memory is read (``releases``; the bytes of every model that died with their cut
+    entries: ``release_bytes``).
     """
     if model_management is None:
         model_management = sys.modules.get("comfy.model_management")
@@ -409,7 +410,8 @@ def receipt(request, model_management=None, search_holders=True, trim=False, rel
             "released_bytes": sum(row["bytes"] for row in freed if row["released"]),
             "still_loaded": loaded, "survivors": rows,
             "survivor_bytes": sum(row["bytes"] for row in rows), "releases": released,
-            "release_bytes": sum(row["bytes"] for row in released if row["died"]), "memory": memory}
+            "release_bytes": sum(row.get("released_bytes", row["bytes"] if row["died"] else 0) for row in released),
+            "memory": memory}
 
 
 def _search_survivors(request, survivors):

@@ -37,7 +37,7 @@ comfy_memx_frees_total                     counter    origin (/memx/free, idle_u
 comfy_memx_free_freed_bytes_total          counter    origin: device bytes the frees unloaded
 comfy_memx_free_survivors_total            counter    origin: survivors listed by the frees' receipts
 comfy_memx_releases_total                  counter    package (holder), outcome (released, survivor, refused ...)
-comfy_memx_released_bytes_total            counter    package (holder): bytes of released models that died
+comfy_memx_released_bytes_total            counter    package (holder): bytes of released models that died (every model of the cut entry)
 comfy_memx_pin_evictions_total             counter    reason
 comfy_memx_pin_evicted_bytes_total         counter    reason
 comfy_memx_pin_refusals_total              counter    reason
@@ -252,8 +252,11 @@ class Metrics:
     def _observe_release(self, event):
         package = self.packages(event.get("package") or UNKNOWN)
         self.releases.labels(package, str(event.get("outcome") or "?")).inc()
-        if event.get("died"):
-            self.released_bytes.labels(package).inc(max(0, event.get("bytes") or 0))
+        died = event.get("released_bytes")   # every model that died with the cut entry (the asked-for one included)
+        if died is None and event.get("died"):
+            died = event.get("bytes")
+        if died:
+            self.released_bytes.labels(package).inc(max(0, died))
 
     def _holder(self, event):
         """The holding package of a leak event as a label; remembered per model for the leaked-bytes gauge."""

@@ -227,13 +227,13 @@ def test_a_callback_registry_is_refused_with_the_pack_fix(world):
 
 
 @pytest.mark.parametrize("world", VERSIONS, indirect=True)
-def test_a_model_that_a_live_patcher_uses_is_refused(world):
+def test_a_model_that_comfyuis_loaded_list_uses_is_refused(world):
     mm, pack, _ = world
     in_use = pack.patcher_for(pack.build())   # a node's MODEL output around the same module, loaded again
     probe, record = leak(mm, pack, lambda m: pack.Loader._cache.__setitem__((768, 768), m), model=in_use.model)
     mm.load_models_gpu([in_use])
     receipt = releases.release(record, "http")
-    assert receipt["outcome"] == "in_use" and "ModelPatcher" in receipt["reason"], receipt
+    assert receipt["outcome"] == "in_use" and "loaded list" in receipt["reason"], receipt
     assert pack.Loader._cache[(768, 768)] is probe()
     del in_use
     gc.collect()

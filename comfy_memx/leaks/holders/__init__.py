@@ -37,6 +37,7 @@ import types
 
 from comfy_memx.core.errors import MemxError, internal_error
 from comfy_memx.leaks.holders.budget import Budget
+from comfy_memx.leaks.holders.containers import is_mapping_class, torch_kinds
 from comfy_memx.leaks.holders.cycles import describe_cycle, find_cycle
 from comfy_memx.leaks.holders.labels import (attr_text, class_module, describe, dict_keys_of, function_name,
                                        render_labels, safe_repr, type_name)
@@ -325,7 +326,7 @@ def _probe_chains(prober, module_dicts, comfy_root):
                     paths.add(path)
                     chains.append(HolderChain(path=path, package=owner or "?", root_kind=kind, depth=depth,
                                               stage=STAGE_PROBE, kinds=shape[0], inner_package=shape[1],
-                                              steps=steps))
+                                              steps=steps, mappings=shape[2]))
         except Exception as exc:
             _report_internal("holders.label", exc)
         finally:
@@ -384,7 +385,8 @@ def _chains(search, comfy_root):
                     paths.add(path)
                     chains.append(HolderChain(path=path, package=owner or "?", root_kind=kind,
                                               depth=len(objs) - 1, stage=STAGE_BACKWARD, kinds=shape[0],
-                                              inner_package=shape[1], steps=steps))
+                                              inner_package=shape[1], steps=steps,
+                                              mappings=shape[2]))
         except Exception as exc:
             _report_internal("holders.label", exc)
         finally:
@@ -393,7 +395,7 @@ def _chains(search, comfy_root):
 
 
 def _shape(objs, comfy_root):
-    """``(kinds, inner_package)`` of a chain's objects (see :class:`HolderChain`), from their types only."""
+    """``(kinds, inner_package, mappings)`` of a chain's objects (see :class:`HolderChain`), from their types only."""
     kinds = tuple(type_name(type(obj)) for obj in objs)
     inner = None
     for obj in reversed(objs[:-1]):
@@ -401,7 +403,10 @@ def _shape(objs, comfy_root):
         inner = custom_node_package_of_module(module) if module not in ("?", "builtins") else None
         if inner is not None:
             break
-    return kinds, inner
+    torch_module = torch_kinds()[0]
+    mappings = tuple(sorted({kind for kind, obj in zip(kinds, objs[:-1])
+                             if is_mapping_class(type(obj), torch_module)}))
+    return kinds, inner, mappings
 
 
 def _paths(module_dicts, kind, root_id, objs, prefix, package, comfy_root):

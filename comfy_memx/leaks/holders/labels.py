@@ -7,6 +7,7 @@ third-party code under suspicion, and it may be broken or slow.  Only :func:`saf
 (``repr`` of dict keys), and it contains whatever that code raises.
 """
 
+import collections
 import functools
 import gc
 import itertools
@@ -304,9 +305,14 @@ def _dict_hop(holder, child):
 
 
 def _container_hop(holder, cls, child):
-    """``[index]`` of a list or tuple, a set member, or a cell's contents."""
-    if issubclass(cls, (list, tuple)):
-        index = _index_of((list.__iter__ if issubclass(cls, list) else tuple.__iter__)(holder), child)
+    """``[index]`` of a list, tuple or deque, a set member, or a cell's contents."""
+    if issubclass(cls, (list, tuple, collections.deque)):
+        walk = (list.__iter__ if issubclass(cls, list) else tuple.__iter__ if issubclass(cls, tuple)
+                else collections.deque.__iter__)
+        try:
+            index = _index_of(walk(holder), child)
+        except RuntimeError:   # a deque changed while read (another thread)
+            return None
         return (f"[{index}]", 1) if index >= 0 else None
     if issubclass(cls, (set, frozenset)):
         return " -> set member", 1

@@ -209,6 +209,12 @@ def custom_node_modules():
     return list(found.values())
 
 
+def custom_node_package_names():
+    """The names of the custom-node packages loaded in this process, as :func:`package_of` names them (a release
+    cuts only from the root of one of these)."""
+    return {package for _, _, package in custom_node_modules()}
+
+
 def _package_of_file(path, module_name, comfy_root):
     package = _custom_node_part(path, _custom_node_dirs())
     if package is not None:

@@ -31,6 +31,9 @@ class HolderChain:
     whose class a pack defines (a pack's node instance kept by ComfyUI's cache, say), or None.  ``steps`` is the
     chain as :mod:`~comfy_memx.leaks.holders.steps` writes it, for walking it again by identity (``()`` when it
     cannot be: a root that is no module global or class attribute, or a reference through a closure, a slot, C code).
+    ``mappings`` names the types on the chain that are mapping classes (:mod:`~comfy_memx.leaks.holders.containers`:
+    a ``WeakKeyDictionary``, a ``cachetools`` cache, a pack's own mapping class), which the patterns read as a
+    pack's registry.
     """
 
     path: str
@@ -41,6 +44,7 @@ class HolderChain:
     kinds: tuple = ()
     inner_package: str = None
     steps: tuple = ()
+    mappings: tuple = ()
 
 
 @dataclasses.dataclass

@@ -5,16 +5,20 @@
 1. takes the model's holders from its last search (``record.leak["referrers"]`` and ``record.holder_steps``) and
    picks the one to cut (:func:`~comfy_memx.leaks.release.plan.choose`): a refusal says why and what the pack's fix
    is, and nothing is touched;
-2. refuses a model that is in use: a live ModelPatcher refers to it (ComfyUI's output cache, a node's output, its
-   loaded list), or the prompt that loaded it is still running;
+2. refuses a model that ComfyUI uses: its loaded list holds it, or the prompt that loaded it is still running;
 3. under the process's search desk (no holder search runs meanwhile, so none of its lists keeps the model), walks
    the chain again and checks every object on it (:mod:`~comfy_memx.leaks.release.walk`): a changed container is
    answered ``changed`` with nothing cut;
-4. cuts, drops every reference of its own, runs a full collection only if the model is still alive, empties
-   torch's device cache (ComfyUI's ``soft_empty_cache``), hands the C allocator's free pages back to the kernel
-   (``malloc_trim``, unless ``COMFY_MEMX_TRIM=0``), and reads RSS, VRAM and pinned bytes before and after;
-5. reads the model's weakref: dead is ``released``; alive is ``survivor``, searched again so that the receipt names
-   the next holder.
+4. picks the entry to cut (:mod:`~comfy_memx.leaks.release.entries`: the first from the pack's root that holds only
+   the models of this model's node run, else the deepest) and refuses when ComfyUI still reaches the model other
+   than through that entry (:func:`in_use`: its output caches, ``PromptServer.instance``, the loaded list; a
+   ModelPatcher that only the pack keeps is part of the cut, not a user);
+5. cuts, drops every reference of its own, runs a full collection only if a model the entry held is still alive,
+   empties torch's device cache (ComfyUI's ``soft_empty_cache``), hands the C allocator's free pages back to the
+   kernel (``malloc_trim``, unless ``COMFY_MEMX_TRIM=0``), and reads RSS, VRAM and pinned bytes before and after;
+6. reads the weakrefs: the asked-for model dead is ``released``, alive is ``survivor`` (searched again so that the
+   receipt names the next holder); ``models`` lists every ledger model the entry held or that died with the cut
+   (``bytes``, ``died``) and ``released_bytes`` the bytes of those that died.
 
 Each receipt is a ``release`` event, kept in the :class:`ReleaseBook` (the last :data:`KEPT`), and counted in the
 metrics.  Nothing here holds a model beyond one call; the receipt holds names and numbers only.
@@ -29,9 +33,9 @@ import time
 from comfy_memx.core.comfyui import running_prompt_ids
 from comfy_memx.core.process import memory_snapshot, trim
 from comfy_memx.core.state import STATE
-from comfy_memx.leaks import watch
+from comfy_memx.leaks import patterns, watch
+from comfy_memx.leaks.release import entries, reach, walk
 from comfy_memx.leaks.release import plan as plans
-from comfy_memx.leaks.release import walk
 
 log = logging.getLogger("comfy_memx")
 
@@ -84,45 +88,94 @@ def release(record, trigger, path=None, referrers=None, model_management=None):
 
 
 def _cut(record, decision, mm, receipt):
-    """Steps 2 to 4 of the module docstring under the search desk; returns the outcome."""
+    """Steps 2 to 6 of the module docstring under the search desk; returns the outcome."""
     module = record.module_ref()
     if module is None:
         receipt["reason"] = "the model was freed before the release"
         return GONE
     try:
-        busy = in_use(record, module, mm)
+        busy = in_comfyui_use(record, module, mm)
         if busy is not None:
             receipt["reason"] = busy
             return IN_USE
-        receipt["memory"] = {"before": memory_snapshot()}
-        receipt["cut"] = plans.cut_text(decision.steps, decision.cut_at)
         try:
-            receipt.update(walk.cut(decision.steps, decision.cut_at, module))
+            chain = walk.follow(decision.steps, module)
         except walk.Changed as exc:
-            receipt.update(reason=f"the container changed since the search ({exc}); nothing was cut", cut=None,
-                           memory=None)
+            receipt["reason"] = f"the container changed since the search ({exc}); nothing was cut"
             return CHANGED
-        except walk.CutFailed as exc:
-            receipt.update(reason=f"{exc}; nothing was cut", cut=None, memory=None)
-            return FAILED
+        try:
+            outcome, alive, held_ids = _cut_entry(record, module, chain, mm, receipt)
+        finally:
+            chain.drop()
     finally:
         del module
-    if record.module_ref() is not None:
+    if outcome == REFUSED:
+        receipt["fix"] = patterns.SUGGESTIONS.get(receipt["pattern"] or "unknown")
+    if outcome is not None:
+        return outcome
+    if any(other.module_ref() is not None for other in alive if other.model_id in held_ids):
         gc.collect()
     _empty_device_cache(mm)
     returned = trim()   # the allocator keeps freed pages for reuse unless told: what it gave back is shown
     receipt["memory"]["trim_returned_bytes"] = returned.get("returned_bytes")
     receipt["memory"]["after"] = memory_snapshot()
     receipt["died"] = record.module_ref() is None
+    receipt["models"] = [_model_row(other) for other in alive
+                         if other.model_id in held_ids or other.module_ref() is None]
+    receipt["released_bytes"] = sum(row["bytes"] for row in receipt["models"] if row["died"])
     return RELEASED if receipt["died"] else SURVIVOR
 
 
-def in_use(record, module, mm):
-    """Why ``module`` must not be cut now (a sentence), or None: a ModelPatcher still refers to it, ComfyUI's loaded
-    list holds it with a live patcher, or the prompt that loaded it is running."""
-    if record.live_patchers():
-        return "a ModelPatcher still uses it (ComfyUI's output cache or a node holds its MODEL)"
-    return in_comfyui_use(record, module, mm)
+def _cut_entry(record, module, chain, mm, receipt):
+    """Pick the entry (:mod:`~comfy_memx.leaks.release.entries`), refuse a model ComfyUI still reaches, and cut.
+
+    Returns ``(outcome, alive, held_ids)``: the outcome is None when the entry was cut; ``alive`` the ledger
+    records of the models alive before the cut (the asked-for one first: every one that dies with the cut is
+    reported, found by the walk or not) and ``held_ids`` the model_ids of those the entry held."""
+    group_ids = {id(other.module_ref()) for other in entries.node_run(record)} - {id(None)}
+    choice = entries.choose(chain, entries.candidates(chain), group_ids)
+    if choice is None:
+        receipt["reason"] = ("the chain reaches the model through an object that is not a container before any entry "
+                             "comfy_memx can cut; nothing was cut")
+        return REFUSED, (), set()
+    busy = in_use(record, module, mm, leave_out=[id(obj) for obj in chain.objects[:choice.index]])
+    if busy is not None:
+        receipt["reason"] = busy
+        return IN_USE, (), set()
+    alive = [record, *(other for other in STATE.ledger.records() if other is not record)]
+    held_ids = {other.model_id for other in alive if id(other.module_ref()) in choice.contents.models}
+    receipt["memory"] = {"before": memory_snapshot()}
+    receipt["cut"] = plans.cut_text(chain.steps, choice.index)
+    try:
+        receipt.update(walk.remove(chain, choice.index))
+    except walk.CutFailed as exc:
+        receipt.update(reason=f"{exc}; nothing was cut", cut=None, memory=None)
+        return FAILED, (), set()
+    return None, alive, held_ids
+
+
+def _model_row(record):
+    return {"model": record.model, "model_id": record.model_id, "bytes": int(record.model_bytes or 0),
+            "died": record.module_ref() is None}
+
+
+def in_use(record, module, mm, leave_out=()):
+    """Why ``module`` must not be cut now (a sentence), or None.  In use is what ComfyUI still reaches: its loaded list
+    holds it with a live patcher, the prompt that loaded it runs (:func:`in_comfyui_use`), or ComfyUI's prompt
+    executor (its output caches), ``PromptServer.instance`` or the loaded list reach it through containers and
+    ComfyUI's own objects, leaving out the objects in ``leave_out`` (the pack's chain down to the entry being cut).
+    A ModelPatcher that only the pack keeps is part of the cut, not a user of the model.  A walk that cannot tell
+    within its bound answers in use (nothing is cut)."""
+    busy = in_comfyui_use(record, module, mm)
+    if busy is not None:
+        return busy
+    walked = reach.comfyui_reach(reach.comfyui_roots(mm), {id(module)}, leave_out)
+    if walked.found is not None:
+        return f"{walked.found} still reaches it (a node's output or a loaded model uses it)"
+    if not walked.complete:
+        return (f"comfy_memx could not tell within its bound ({walked.stopped_by}) whether ComfyUI still reaches it; "
+                "nothing was cut")
+    return None
 
 
 def in_comfyui_use(record, module, mm):
@@ -159,7 +212,7 @@ def _blank(record, trigger):
     return {"model": record.model, "model_id": record.model_id, "trigger": trigger, "outcome": None, "package": None,
             "pattern": None, "path": None, "cut": None, "method": None, "other_entries_dropped": 0,
             "bytes": int(record.model_bytes or 0), "memory": None, "died": False, "next_holder": None,
-            "reason": None, "fix": None, "time": round(time.time(), 6)}
+            "reason": None, "fix": None, "time": round(time.time(), 6), "models": [], "released_bytes": 0}
 
 
 def _finish(record, receipt, outcome, reason=None, fix=None):

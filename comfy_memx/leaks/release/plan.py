@@ -1,20 +1,22 @@
-"""Which holder of a leaked model may be cut, and where: the decision, made from the chain's pattern and steps alone.
+"""Which holder of a leaked model may be cut: the decision, made from the chain's pattern, package and steps alone.
 
-A release cuts one entry of a pack's cache: the container must be a module global or a class attribute of a
-custom-node package, and the entry one of a dict (``OrderedDict``, ``defaultdict``: any dict), a list or deque the
-pack appends to, or a ``functools.lru_cache``.  Everything else is refused with the reason and the pack's fix,
-because cutting it would change what ComfyUI or the pack does in a way a cache does not (a callback no longer
-called, a closure's variable, a thread's local, a submodule of another model), or because comfy_memx cannot tell
-(unknown).  Nothing here touches an object: :mod:`~comfy_memx.leaks.release.walk` checks the objects at the cut.
+A release cuts one entry of a pack's cache: the container must be reached from a module global or a class attribute
+of a custom-node package loaded in this process, and the chain must go on through an entry of a container (a dict of
+any kind, a list or deque, a ``functools.lru_cache``, a mapping object's storage: see
+:mod:`~comfy_memx.leaks.release.entries`, which picks the entry once the chain is walked again).  Everything else is
+refused with the reason and the pack's fix, because cutting it would change what ComfyUI or the pack does in a way a
+cache does not (a callback no longer called, a closure's variable, a thread's local, a submodule of another model),
+because it is not a pack's (ComfyUI's own objects, ``sys.modules``, another library), or because comfy_memx cannot
+tell (unknown).  Nothing here touches an object: :mod:`~comfy_memx.leaks.release.walk` checks the objects at the cut.
 """
 
 from comfy_memx.leaks import patterns
 from comfy_memx.leaks.holders.labels import attr_text, safe_repr
-from comfy_memx.leaks.holders.packages import display_module_name
+from comfy_memx.leaks.holders.packages import custom_node_package_names, display_module_name
 
 RELEASABLE = ("class_cache", "module_registry", "appended_list", "lru_cache")
 CUT_OPS = ("item", "index", "lru_item", "lru_entry")
-CUT_AT = 2   # the steps: 0 the root, 1 the container (the root's attribute or global), 2 its entry
+CUT_AT = 2   # the steps: 0 the root, 1 the container (the root's attribute or global), 2 its entry (the first one)
 
 WHY_NOT = {
     "comfyui_cache": "ComfyUI's own cache of node outputs holds it: use POST /memx/free (or ComfyUI's /free) with "
@@ -33,7 +35,8 @@ WHY_NOT = {
 
 
 class Plan:
-    """A chain that may be cut: its referrer (the leak record's JSON form), steps, and the index of the cut step."""
+    """A chain that may be cut: its referrer (the leak record's JSON form), steps, and the index of its first entry
+    step (the release walks the chain again and picks the entry it cuts: :mod:`~comfy_memx.leaks.release.entries`)."""
     __slots__ = ("referrer", "steps", "cut_at")
 
     def __init__(self, referrer, steps, cut_at=CUT_AT):
@@ -48,36 +51,45 @@ class Refusal:
         self.referrer, self.why, self.fix = referrer, why, fix
 
 
-def decide(referrer, steps):
+def decide(referrer, steps, packages=None):
     """A :class:`Plan` to cut ``referrer`` (a holder as ``leaks.watch.referrer_of`` writes it) along ``steps``, or a
-    :class:`Refusal` saying why not and what the pack's fix is."""
+    :class:`Refusal` saying why not and what the pack's fix is.  ``packages``: the custom-node packages loaded in
+    this process (default: read now); a holder rooted anywhere else (ComfyUI, the standard library's ``sys.modules``,
+    another library) is never cut."""
     pattern = referrer.get("pattern") or "unknown"
     fix = patterns.SUGGESTIONS.get(pattern, patterns.SUGGESTIONS["unknown"])
     if pattern not in RELEASABLE:
         return Refusal(referrer, WHY_NOT.get(pattern, WHY_NOT["unknown"]), fix)
-    if referrer.get("package") in ("core", "?", None):
+    package = referrer.get("package")
+    if package in ("core", "?", None):
         return Refusal(referrer, "the container belongs to ComfyUI itself, not to a custom-node package: use POST "
                                  "/memx/free", fix)
-    if len(steps) <= CUT_AT or steps[CUT_AT][0] not in CUT_OPS:
+    if package not in (custom_node_package_names() if packages is None else packages):
+        return Refusal(referrer, f"the container belongs to {package}, which is not a custom-node package loaded in "
+                                 "this process: comfy_memx cuts only from a custom-node package's own module or class",
+                       fix)
+    first = next((index for index in range(CUT_AT, len(steps)) if steps[index][0] in CUT_OPS), None)
+    if first is None:
         return Refusal(referrer, "the chain does not end in an entry of the package's container that comfy_memx can "
                                  "find again by identity", fix)
-    return Plan(referrer, steps)
+    return Plan(referrer, steps, first)
 
 
-def choose(referrers, steps_by_path, path=None):
+def choose(referrers, steps_by_path, path=None, packages=None):
     """The holder to act on: the one at ``path`` if given, else the first releasable one (the holder a user acts on
     comes first in ``referrers``), else the first.  Returns a :class:`Plan`, a :class:`Refusal`, or None when
     ``path`` is not among them or there is no holder at all."""
     if path is not None:
         referrers = [ref for ref in referrers if ref.get("path") == path]
-    decisions = [decide(ref, steps_by_path.get(ref.get("path"), ())) for ref in referrers]
+    packages = custom_node_package_names() if packages is None else packages
+    decisions = [decide(ref, steps_by_path.get(ref.get("path"), ()), packages) for ref in referrers]
     return next((d for d in decisions if isinstance(d, Plan)), decisions[0] if decisions else None)
 
 
-def releasable_now(referrers, steps_by_path):
+def releasable_now(referrers, steps_by_path, packages=None):
     """``{"possible", "why", "path"}`` for a read-model row: whether some holder could be cut (and which), else the
     first reason why not.  String work only: the objects are checked when the release runs."""
-    decision = choose(referrers, steps_by_path)
+    decision = choose(referrers, steps_by_path, packages=packages)
     if decision is None:
         return {"possible": False, "why": "no holder found yet (search it first)", "path": None}
     if isinstance(decision, Plan):

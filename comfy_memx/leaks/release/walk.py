@@ -4,17 +4,22 @@ The steps (:mod:`comfy_memx.leaks.holders.steps`) name each object by ``id`` and
 reference through C-level views (``dict.get``, ``list.__getitem__``, the class namespace, the instance ``__dict__``)
 and never through the pack's ``__getattr__`` or ``__getitem__``.  Any object that is not the one recorded raises
 :class:`Changed`: the container was replaced, the entry now holds something else, or the chain no longer ends at the
-model.  Only the cut itself runs the container's own code (``type(container).__delitem__``, or ``cache_clear()`` of
-a bounded ``lru_cache``), and if that raises, whatever it removed is put back and :class:`CutFailed` says so.
+model.  Only the cut itself runs the container's own code: the public ``__delitem__`` (else ``pop``) of the mapping
+object that keeps the entry's container as its own attribute (a ``WeakKeyDictionary``'s ``.data``, a ``cachetools``
+cache's dict, a pack's mapping class), else ``type(container).__delitem__``, or ``cache_clear()`` of a bounded
+``lru_cache``; the entry must be gone afterwards.  If a container's own removal raises, whatever it removed is put back
+and :class:`CutFailed` says so; a mapping object's remover that raises or leaves the entry is :class:`CutFailed` too.
 
 Type tests read ``type(obj)``, never ``isinstance`` (which asks a hostile object for its ``__class__``).  The
-objects are held only inside :func:`cut` and dropped before it returns.
+objects are held only by a :class:`Chain` (:func:`follow`), which its caller drops (:func:`cut` does before it
+returns).
 """
 
 import collections
 import gc
 import sys
 
+from comfy_memx.leaks.holders.containers import is_mapping_class, public_key, remover_of, torch_kinds
 from comfy_memx.leaks.holders.labels import _LRU_WRAPPER, _MISSING, _class_namespace, instance_dict, type_name
 from comfy_memx.leaks.holders.packages import module_namespace
 
@@ -32,6 +37,31 @@ def cut(steps, cut_at, target):
 
     Returns ``{"cut": label, "method": ..., "other_entries_dropped": n}``.  Raises :class:`Changed` (nothing cut)
     or :class:`CutFailed` (nothing lost)."""
+    chain = follow(steps, target)
+    try:
+        return remove(chain, cut_at)
+    finally:
+        chain.drop()
+        del target
+
+
+class Chain:
+    """The objects of a chain walked again (root first, target last) and, per step, ``(op, key)`` as found; held
+    only until :meth:`drop`."""
+    __slots__ = ("steps", "objects", "handles")
+
+    def __init__(self, steps, objects, handles):
+        self.steps, self.objects, self.handles = steps, objects, handles
+
+    def drop(self):
+        """Let go of every object of the chain."""
+        self.objects.clear()
+        self.handles.clear()
+
+
+def follow(steps, target):
+    """Walk ``steps`` again from the root and check that every object is the one the search saw and that the chain
+    still ends at ``target``; returns the :class:`Chain`.  Raises :class:`Changed` otherwise."""
     objects = [_root(steps[0])]
     handles = [None]
     try:
@@ -42,12 +72,63 @@ def cut(steps, cut_at, target):
             del child
         if objects[-1] is not target:
             raise Changed("the chain no longer ends at the model")
-        container, (op, key) = objects[cut_at - 1], handles[cut_at]
-        return _remove(container, op, key, objects[cut_at])
-    finally:
+    except BaseException:
         objects.clear()
         handles.clear()
+        raise
+    finally:
         del target
+    return Chain(steps, objects, handles)
+
+
+def remove(chain, cut_at):
+    """Remove the entry that step ``cut_at`` of a walked :class:`Chain` reached from its container: through the
+    public ``__delitem__`` (else ``pop``) of the mapping object that keeps the container as its own attribute (a
+    ``WeakKeyDictionary``, a ``cachetools`` cache, a pack's mapping class), else the container's own removal."""
+    objects, handles = chain.objects, chain.handles
+    container, (op, key) = objects[cut_at - 1], handles[cut_at]
+    owner = _owner(chain, cut_at)
+    if owner is not None:
+        return _remove_through(owner, container, key, objects[cut_at])
+    return _remove(container, op, key, objects[cut_at])
+
+
+def _owner(chain, cut_at):
+    """The mapping object whose own attribute is the container of step ``cut_at`` (an ``item`` step), or None."""
+    if chain.handles[cut_at][0] != "item" or cut_at < 3 or chain.steps[cut_at - 1][0] != "attr":
+        return None
+    owner = chain.objects[cut_at - 2]
+    if not is_mapping_class(type(owner), torch_kinds()[0]) or remover_of(type(owner)) is None:
+        return None
+    return owner
+
+
+def _remove_through(owner, container, key, value):
+    """Remove ``container[key]`` (``value``) with ``owner``'s public remover; the entry must be gone afterwards
+    (an error raised once it is gone, as ``TTLCache`` raises for an expired entry, does not undo the cut)."""
+    name, function = remover_of(type(owner))
+    before = _length(container)
+    error = None
+    try:
+        function(owner, public_key(owner, key))
+    except Exception as exc:
+        error = exc
+    if _still_there(container, key, value):
+        why = f"raised {type(error).__name__}: {error}" if error is not None else "left the entry in place"
+        raise CutFailed(f"{type_name(type(owner))}.{name} {why}")
+    return {"method": "mapping_" + ("entry" if name == "__delitem__" else "pop"),
+            "other_entries_dropped": max(0, before - _length(container) - 1)}
+
+
+def _still_there(container, key, value):
+    try:
+        return dict.get(container, key, _MISSING) is value
+    except TypeError:   # a key that no longer hashes
+        return any(item is value for item in dict.values(container))
+
+
+def _length(container):
+    return dict.__len__(container) if issubclass(type(container), dict) else 0
 
 
 def _root(root):
@@ -153,13 +234,14 @@ def _remove(container, op, key, value):
     if op == "item":
         if not issubclass(type(container), dict):
             raise Changed("the container is no longer a dict")
+        before = dict.__len__(container)
         try:
             type(container).__delitem__(container, key)
         except Exception as exc:
             if dict.get(container, key, _MISSING) is not value:
                 dict.__setitem__(container, key, value)
             raise CutFailed(f"{type_name(type(container))}.__delitem__ raised {type(exc).__name__}: {exc}") from None
-        return {"method": "dict_entry", "other_entries_dropped": 0}
+        return {"method": "dict_entry", "other_entries_dropped": max(0, before - dict.__len__(container) - 1)}
     if not issubclass(type(container), (list, collections.deque)):
         raise Changed("the container is an immutable sequence (a tuple): its entry cannot be cut")
     try:
