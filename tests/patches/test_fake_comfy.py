@@ -319,7 +319,7 @@ def test_module_pins_count_towards_total(fake_comfy_0270):
 def fresh_shape(version):
     """Purge every shape and put ``version`` on sys.path without importing anything from it."""
     fc.purge_fake_comfy()
-    sys.path.insert(0, fc.shape_root(version))
+    sys.path[:0] = fc.shape_paths(version)
 
 
 @pytest.mark.parametrize("version", ["0.3.64", "0.27.0"])

@@ -4,6 +4,7 @@ logged) and the RAM-pressure step after each node.
 
 Runs at the end of the base module, in its namespace (``stand_in_version.apply_layer``).
 """
+
 import contextlib
 
 import psutil

@@ -3,6 +3,7 @@ default, the sensitive part of a queue item (``item[5]``) passed to the executor
 
 Runs at the start of the base module, in its namespace (``stand_in_version.apply_layer``).
 """
+
 import logging
 
 _LEVEL_COLORS = {"DEBUG": "\033[36m", "INFO": "\033[32m", "WARNING": "\033[33m", "ERROR": "\033[31m", "CRITICAL": "\033[35m"}

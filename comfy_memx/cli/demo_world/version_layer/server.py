@@ -3,6 +3,7 @@
 
 Runs at the end of the base module, in its namespace (``stand_in_version.apply_layer``).
 """
+
 SYSTEM_OS = sys.platform
 
 

@@ -2,6 +2,7 @@
 
 Runs at the end of the base module, in its namespace (``stand_in_version.apply_layer``).
 """
+
 cache_group.add_argument("--cache-ram", nargs="*", type=float, default=[], metavar="GB")
 cache_group.add_argument("--high-ram", action="store_true")
 parser.add_argument("--disable-dynamic-vram", action="store_true")

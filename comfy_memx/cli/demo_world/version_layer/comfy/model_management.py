@@ -5,6 +5,7 @@ with the pin-budget step, order-kept de-dup, ``is_oom``, ``unload_all_models()``
 
 Runs at the end of the base module, in its namespace (``stand_in_version.apply_layer``).
 """
+
 import comfy.memory_management
 
 
@@ -59,7 +60,6 @@ class LoadedModel(_SharedLoadedModel):
 
     FINALIZERS_AT_EXIT = False
     SWITCH_TAKES_PARENT_DEVICE = True   # a clone's entry moves to its parent's device
-
 
 
 def module_size(module):

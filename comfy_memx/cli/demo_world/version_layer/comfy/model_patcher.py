@@ -3,6 +3,7 @@ weights are pinned and loaded ones unpinned, as 0.27.0 does; ``clone_base_uuid``
 
 Runs at the end of the base module, in its namespace (``stand_in_version.apply_layer``).
 """
+
 _MODULE_DEFAULTS = (("model_loaded_weight_memory", 0), ("lowvram_patch_counter", 0), ("model_lowvram", False),
                     ("current_weight_patches_uuid", None), ("model_offload_buffer_memory", 0))
 
