@@ -73,6 +73,26 @@ class _SharedOutputCache:
         """Cache the outputs of ``node_id`` under its current input signature."""
         self.entries[self.signatures[node_id]] = outputs
 
+    def clean_unused(self):
+        """After a prompt: CLASSIC keeps what the prompt used, the version's UNCACHED type nothing, LRU the
+        ``lru_size`` most recent entries (and everything the prompt used)."""
+        used = set(self.signatures.values())
+        if self.cache_type in (CacheType.CLASSIC, UNCACHED):
+            self.entries = {k: v for k, v in self.entries.items() if k in used and self.cache_type == CacheType.CLASSIC}
+        elif self.cache_type == CacheType.LRU:
+            while len(self.entries) > max(self.lru_size, len(used)):
+                self.entries.pop(next(k for k in self.entries if k not in used))
+
+
+class _SharedCacheSet:
+    """What ``CacheSet`` is in every stand-in version: only ``outputs`` is modelled (each version's class reads the
+    LRU size from its own options)."""
+
+    def _setup(self, cache_type, lru_size):
+        cache_type = cache_type if isinstance(cache_type, CacheType) else CacheType.CLASSIC
+        self.outputs = OutputCache(cache_type, lru_size)
+        self.all = [self.outputs]
+
 
 class _SilentServer:
     client_id = None

@@ -29,14 +29,6 @@ class OutputCache(_SharedOutputCache):
     nothing across prompts, RAM_PRESSURE keeps everything until ``ram_release`` finds RAM short.
     """
 
-    def clean_unused(self):
-        used = set(self.signatures.values())
-        if self.cache_type in (CacheType.CLASSIC, CacheType.NONE):
-            self.entries = {k: v for k, v in self.entries.items() if k in used and self.cache_type == CacheType.CLASSIC}
-        elif self.cache_type == CacheType.LRU:
-            while len(self.entries) > max(self.lru_size, len(used)):
-                self.entries.pop(next(k for k in self.entries if k not in used))
-
     def ram_release(self, target, free_active=False):
         """Drop entries the current prompt does not use (all with ``free_active``) while available RAM < target."""
         if psutil.virtual_memory().available >= target:
@@ -48,13 +40,11 @@ class OutputCache(_SharedOutputCache):
         return len(dropped)
 
 
-class CacheSet:
-    """The executor's caches; only ``outputs`` is modelled."""
+class CacheSet(_SharedCacheSet):
+    """The executor's caches; ``cache_args["lru"]`` is the LRU size."""
 
     def __init__(self, cache_type=None, cache_args={}):
-        cache_type = cache_type if isinstance(cache_type, CacheType) else CacheType.CLASSIC
-        self.outputs = OutputCache(cache_type, (cache_args or {}).get("lru", 0))
-        self.all = [self.outputs]
+        self._setup(cache_type, (cache_args or {}).get("lru", 0))
 
 
 class PromptExecutor(_SharedPromptExecutor):
@@ -63,9 +53,6 @@ class PromptExecutor(_SharedPromptExecutor):
     def __init__(self, server, cache_type=False, cache_args=None):
         self.cache_args = cache_args
         self._start(server, cache_type)
-
-    def _new_caches(self):
-        return CacheSet(cache_type=self.cache_type, cache_args=self.cache_args)
 
     @contextlib.contextmanager
     def _ram_pressure(self):
@@ -88,6 +75,9 @@ class PromptExecutor(_SharedPromptExecutor):
             yield after_node
         finally:
             comfy.memory_management.set_ram_cache_release_state(None, 0)
+
+    def _new_caches(self):
+        return CacheSet(cache_type=self.cache_type, cache_args=self.cache_args)
 
 
 def oom_detected(ex):

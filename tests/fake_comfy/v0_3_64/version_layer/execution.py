@@ -24,22 +24,12 @@ class OutputCache(_SharedOutputCache):
     DEPENDENCY_AWARE (``--cache-none``) keeps nothing across prompts.
     """
 
-    def clean_unused(self):
-        used = set(self.signatures.values())
-        if self.cache_type in (CacheType.CLASSIC, CacheType.DEPENDENCY_AWARE):
-            self.entries = {k: v for k, v in self.entries.items() if k in used and self.cache_type == CacheType.CLASSIC}
-        elif self.cache_type == CacheType.LRU:
-            while len(self.entries) > max(self.lru_size, len(used)):
-                self.entries.pop(next(k for k in self.entries if k not in used))
 
-
-class CacheSet:
-    """The executor's caches; only ``outputs`` is modelled."""
+class CacheSet(_SharedCacheSet):
+    """The executor's caches; ``cache_size`` is the LRU size."""
 
     def __init__(self, cache_type=None, cache_size=None):
-        cache_type = cache_type if isinstance(cache_type, CacheType) else CacheType.CLASSIC
-        self.outputs = OutputCache(cache_type, cache_size or 0)
-        self.all = [self.outputs]
+        self._setup(cache_type, cache_size or 0)
 
 
 class PromptExecutor(_SharedPromptExecutor):
@@ -49,12 +39,12 @@ class PromptExecutor(_SharedPromptExecutor):
         self.cache_size = cache_size
         self._start(server, cache_type)
 
-    def _new_caches(self):
-        return CacheSet(cache_type=self.cache_type, cache_size=self.cache_size)
-
     def _ram_pressure(self):
         """0.3.64 has no RAM-pressure cache: nothing to set up, nothing to do after a node."""
         return contextlib.nullcontext(_nothing)
+
+    def _new_caches(self):
+        return CacheSet(cache_type=self.cache_type, cache_size=self.cache_size)
 
 
 def _nothing():
