@@ -129,8 +129,10 @@ def test_the_dashboard_shows_every_group_the_issue_asks_for():
 def every_family_exported():
     """Names of every sample comfy_memx exports once each kind of event happened (histograms with suffixes)."""
     owner = {"package": "p"}
+    leak = {"stage": "rooted", "time": 1.0, "found_by": "after_free", "holder_package": "p"}
     m = metrics.Metrics(model_rows=lambda: [{"model": "M", "model_id": "M#1", "owner": owner, "load_device": "cpu",
-                                             "loaded_bytes": 0, "bytes": 1, "state": "leaked", "leak": None}],
+                                             "loaded_bytes": 0, "bytes": 1, "state": "leaked", "leak": leak,
+                                             "release": {"last": "in_use"}}],
                         pin_facts=lambda: {"pinned_bytes": 1, "cap_bytes": 2, "comfyui_cap_bytes": 3},
                         process_facts=lambda: {"sites": [{"patch": "p", "site": "s", "state": "skipped",
                                                           "reason": "absent in this ComfyUI"}]})
