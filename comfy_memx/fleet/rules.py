@@ -28,7 +28,6 @@ SELECTOR = 'job=~"comfyui.*"'
 # file with --runbook-base https://<its copy>/operations.md.
 REPOSITORY = "https://github.com/comfy-memx/comfy_memx"
 RUNBOOK_BASE = REPOSITORY + "/blob/main/docs/operations.md"
-MIN_PROMETHEUS = "2.42"   # keep_firing_for; with keep_firing=0: 2.26 (last_over_time)
 
 GIB = 1024 ** 3
 MIB = 1024 ** 2
@@ -93,6 +92,12 @@ def _percent(fraction):
 
 def _size_text(nbytes):
     return format_bytes(nbytes).replace(".0 ", " ")
+
+
+def defaults_text():
+    """Every threshold with its default, as ``--set`` takes them (``leak_package_bytes=1GiB, ...``)."""
+    return ", ".join(f"{name}={_size_text(value).replace(' ', '') if name.endswith('_bytes') else value}"
+                     for name, value in THRESHOLDS.items())
 
 
 def checked_thresholds(overrides=None):

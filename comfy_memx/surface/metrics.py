@@ -13,7 +13,7 @@ comfy_memx_patch_skipped                   gauge      patch, site, reason (absen
 comfy_memx_loaded_bytes                    gauge      device: weights loaded on each load device
 comfy_memx_model_loaded_bytes              gauge      model, package, device (copies of one model summed)
 comfy_memx_model_bytes                     gauge      model, package, state (loaded/offloaded/leaked)
-comfy_memx_leaked_bytes                    gauge      package (holder), loader_package, found_by: weights of live leaked models
+comfy_memx_leaked_bytes                    gauge      package (holder), loader_package, found_by: live leaked weights
 comfy_memx_leak_found_timestamp_seconds    gauge      package, loader_package, stage, found_by: newest live leak's time
 comfy_memx_free_survivor_models            gauge      package (holder), loader_package: live models a free left alive
 comfy_memx_release_failed_models           gauge      package (holder), outcome: live leaks whose last release failed
@@ -69,9 +69,9 @@ Label cardinality is capped so that a fleet can afford it: every package-like la
 :data:`MAX_MODELS` values a process sees and fold later ones into ``other``; the per-model gauges show the
 :data:`MAX_MODEL_SERIES` largest models and sum the rest into one ``other`` series per device or state.  Counters
 and histograms export no ``_created`` series (one sample fewer per series; Prometheus does not read them).
-Counters whose label values are known in advance (free origins, unload reasons, search reasons, pin refusals) start at 0 for
-each, so ``rate``/``increase`` see their first event.  The per-model gauges carry no ``model_id`` (a new id per load
-would make new series all day); copies of one model of one package are summed.
+Counters whose label values are known in advance (free origins, unload reasons, search reasons, pin refusals) start
+at 0 for each, so ``rate``/``increase`` see their first event. The per-model gauges carry no ``model_id`` (a new id
+per load would make new series all day); copies of one model of one package are summed.
 
 ``prometheus_client`` is optional (``pip install prometheus_client`` in ComfyUI's environment), imported when metrics are
 installed, never at import of this module.
@@ -245,7 +245,7 @@ class Metrics:
 
     def _observe_unload(self, event):
         reason = str(event.get("reason") or "other")
-        if reason == "free_request":   # ComfyUI's worker unloads for a free: ComfyUI's /free, /memx/free, idle, hand-off
+        if reason == "free_request":   # the worker unloads for a free: ComfyUI's /free, /memx/free, idle, hand-off
             self.books.saw_free(event.get("time"))
         self.unloads.labels(reason, self.packages(_package(event))).inc()
         self.unload_bytes.labels(reason).inc(max(0, event.get("bytes") or 0))

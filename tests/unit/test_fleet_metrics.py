@@ -239,17 +239,13 @@ def test_the_newest_live_leak_time_is_read_at_scrape_and_leaves_with_its_model()
     rows = [leaked_row("Net#1", 10, "pack_a", found_at=1000.0), leaked_row("Net#2", 10, "pack_a", found_at=1300.0),
             leaked_row("Net#3", 10, "pack_b", found_by="after_free", found_at=1200.0), row("Vae#1", 5, loaded=5)]
     m, live = new_metrics(rows)
-    found = named(scrape(m), "comfy_memx_leak_found_timestamp_seconds")
-    assert found == {
-        (("found_by", "comfyui_warning"), ("loader_package", "loader_pack"), ("package", "pack_a"), ("stage", "rooted")):
-            1300.0,
-        (("found_by", "after_free"), ("loader_package", "loader_pack"), ("package", "pack_b"), ("stage", "rooted")):
-            1200.0}
+    warned_a = (("found_by", "comfyui_warning"), ("loader_package", "loader_pack"), ("package", "pack_a"),
+                ("stage", "rooted"))
+    freed_b = (("found_by", "after_free"), ("loader_package", "loader_pack"), ("package", "pack_b"), ("stage", "rooted"))
+    assert named(scrape(m), "comfy_memx_leak_found_timestamp_seconds") == {warned_a: 1300.0, freed_b: 1200.0}
     del live[1]   # the newest of pack_a was released: its time goes with it, no event needed
     del live[1]
-    assert named(scrape(m), "comfy_memx_leak_found_timestamp_seconds") == {
-        (("found_by", "comfyui_warning"), ("loader_package", "loader_pack"), ("package", "pack_a"), ("stage", "rooted")):
-            1000.0}
+    assert named(scrape(m), "comfy_memx_leak_found_timestamp_seconds") == {warned_a: 1000.0}
 
 
 def test_free_survivors_are_the_live_leaks_a_free_left_alive_comfyuis_own_free_included():
