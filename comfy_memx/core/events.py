@@ -21,8 +21,8 @@ fails it.  The file behaves like a log file:
 * events written for HTTP requests (:meth:`EventLog.emit_request`) are limited to ``request_rate`` per second;
   the rest are dropped and counted (``events_dropped`` with ``reason: "rate"``).
 
-Lock rule (README, "Threads and locks"): the file lock is re-entrant.  Opening the file or writing a line may
-allocate and so run a garbage collection whose callbacks could emit an event on the same thread; that event is
+Lock rule (docs/architecture.md, "Threads and locks"): the file lock is re-entrant.  Opening the file or writing a
+line may allocate and so run a garbage collection whose callbacks could emit an event on the same thread; that event is
 written whole, before or after the interrupted line, never inside it.
 """
 

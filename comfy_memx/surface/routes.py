@@ -73,7 +73,7 @@ RELEASE_FIELDS = {"path": Field("str", max_chars=2000)}
 RELEASE_ANSWERS = {"released": (200, None), "survivor": (200, None), "changed": (409, "changed"),
                    "in_use": (409, "in_use"), "refused": (422, "not_releasable"), "failed": (409, "cut_failed"),
                    "gone": (404, "unknown_model"), "busy": (429, "busy")}
-NOT_SEARCHED = "not searched: holder searches are allowed from loopback or with COMFY_MEMX_TOKEN (README, Security)"
+NOT_SEARCHED = "not searched: holder searches are allowed from loopback or with COMFY_MEMX_TOKEN (docs/security.md)"
 
 
 class Handlers:

@@ -38,6 +38,18 @@ def test_launcher_runs_the_stand_in_main_with_its_flags(version):
     assert log.count(f"comfy_memx {__version__} active") == 1
 
 
+@pytest.mark.parametrize("args,env,said", [
+    (["--release", "auto", "--release-packages", "my_unet_pack,memx_style_mixer"], {},
+     "release auto for my_unet_pack, memx_style_mixer"),
+    ([], {"COMFY_MEMX_RELEASE": "auto", "COMFY_MEMX_RELEASE_PACKAGES": "*"}, "release auto for every pack"),
+    (["--release", "ask"], {}, "release ask")])
+def test_the_startup_line_says_the_release_setting_and_its_packages(args, env, said):
+    main = os.path.join(shape_root("0.27.0"), "main.py")
+    out = run([sys.executable, "-m", "comfy_memx", *args, main, "--cpu", "--quick-test-for-ci"], **env)
+    assert out.returncode == 0, out.stderr
+    assert f"comfy_memx {__version__} active (launcher, leak mode report, {said}): patched" in out.stdout + out.stderr
+
+
 def test_comfyui_rejects_its_own_bad_flag_not_ours():
     main = os.path.join(shape_root("0.27.0"), "main.py")
     out = run([sys.executable, "-m", "comfy_memx", main, "--no-such-comfy-flag"])
