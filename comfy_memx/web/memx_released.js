@@ -60,10 +60,9 @@ export function drawReleased(part, answer) {
       Object.entries(byTrigger).map(([trigger, n]) => `${n} by ${TRIGGERS[trigger] || trigger}`).join(", ") + ")"
     : "nothing released yet";
   const last = others[others.length - 1];
-  part.replaceChildren(
-    el("div", { class: "memx-muted", "data-memx": "released-summary" }, summary),
-    ...cut.map(releaseCard),
-    others.length ? el("div", { class: "memx-muted", "data-memx": "released-not-cut" },
-      `${others.length} release(s) cut nothing; the last: ${last.model_id} ${last.outcome}` +
-      (last.reason ? ` (${last.reason})` : "")) : null);
+  const notCut = others.length ? [el("div", { class: "memx-muted", "data-memx": "released-not-cut" },
+    `${others.length} release(s) cut nothing; the last: ${last.model_id} ${last.outcome}` +
+    (last.reason ? ` (${last.reason})` : ""))] : [];
+  part.replaceChildren(el("div", { class: "memx-muted", "data-memx": "released-summary" }, summary),
+                       ...cut.map(releaseCard), ...notCut);
 }
