@@ -231,7 +231,8 @@ def test_a_comfy_memx_kept_off_by_a_bad_setting_says_why_and_shows_nothing_else(
     """The node pack's inactive ``/memx/status`` (503): every other /memx route is 404 there."""
     inactive = {"active": False, "error": "inactive", "version": "0.3.0", "source": "node pack",
                 "message": "comfy_memx is NOT active in this ComfyUI: COMFY_MEMX_RELEASE=auto needs "
-                           "COMFY_MEMX_RELEASE_PACKAGES: the custom-node packages whose caches may be cut automatically",
+                           "COMFY_MEMX_RELEASE_PACKAGES: the custom-node packages whose caches may be cut "
+                           "automatically",
                 "setting": "COMFY_MEMX_RELEASE_PACKAGES",
                 "accepted": "comma list of custom-node folder names, or * for every pack",
                 "fix": "set COMFY_MEMX_RELEASE_PACKAGES to an accepted value (comma list of custom-node folder names, "

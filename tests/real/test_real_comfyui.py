@@ -717,7 +717,8 @@ def test_startup_line_patches_every_site_the_tree_defines(tree, name, real_sessi
     source = "launcher" if session.launcher == "module" else "env"
     mode = session.extra_env.get("COMFY_MEMX_LEAK_MODE", "report")
     lines = [line for line in memx_lines(log) if " active (" in line]
-    assert len(lines) == 1 and f"active ({source}, leak mode {mode}, release off): patched" in lines[0], (lines, where(session))
+    assert len(lines) == 1 and f"active ({source}, leak mode {mode}, release off): patched" in lines[0], (
+        lines, where(session))
     assert "Torch already imported" not in log
     patched, skipped = split_startup_line(lines[0])
     assert "load_models_gpu" in patched and "server.PromptServer.add_routes" in patched
