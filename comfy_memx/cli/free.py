@@ -43,7 +43,7 @@ def request_free(base_url, timeout, free_memory=True, token=None, release=False)
     """POST /memx/free and return ``(http status, receipt dict)``; raises :class:`Unreachable`.
 
     ``token`` (default: ``COMFY_MEMX_TOKEN`` of this environment) is sent as ``X-Memx-Token``: a server reached
-    from another host runs the survivors' holder searches only for a caller with its token (README, Security).
+    from another host runs the survivors' holder searches only for a caller with its token (docs/security.md).
     ``release`` asks the server to cut the pack-cache entry that keeps each survivor alive (COMFY_MEMX_RELEASE)."""
     url = free_url(base_url, timeout)
     wanted = {"unload_models": True, "free_memory": free_memory, **({"release": True} if release else {})}
@@ -79,7 +79,7 @@ def _no_memx_routes(url, said):
     return (f"{url} {said}: the server answered, but it has no comfy_memx routes, so comfy_memx is not installed "
             f"or not active in that ComfyUI. Check: {status_url} answers JSON with comfy_memx's version when it is "
             "active, and ComfyUI's start-up log has a 'comfy_memx ... active' line; activate it with python -m "
-            "comfy_memx main.py, COMFY_MEMX=1 python main.py, or the node pack in custom_nodes/ (README, Install)")
+            "comfy_memx main.py, COMFY_MEMX=1 python main.py, or the node pack in custom_nodes/ (docs/install.md)")
 
 
 def exit_status(receipt):
@@ -134,10 +134,19 @@ def _freed_headline(receipt):
             f"{len(unloaded)} model(s), {format_bytes(receipt.get('freed_bytes'))}, from their devices{kept}")
 
 
+# why a survivor is still in memory, as the receipt's ``reason`` says it, defined where a person reads it
+SURVIVOR_REASONS = {
+    "orphaned": "orphaned: no ModelPatcher refers to it any more, yet something keeps its weights in memory",
+    "kept": "kept: a ModelPatcher of it outlived ComfyUI's emptied caches (a node's output or a pack holds the MODEL)",
+}
+
+
 def _survivor_lines(row):
-    """One survivor: its size and why it survived, its leak, then what holds it (or why nothing was found)."""
+    """One survivor: its size and why it survived (``orphaned`` and ``kept`` spelled out), its leak, then what holds
+    it (or why nothing was found)."""
+    reason = SURVIVOR_REASONS.get(row.get("reason"), row.get("reason"))
     lines = [f"  {row.get('model_id')} ({row.get('model')})  {format_bytes(row.get('bytes'))}, "
-             f"{row.get('reason')}{_owner_text(row.get('owner'))}"]
+             f"{reason}{_owner_text(row.get('owner'))}"]
     lines += _leak_lines(row.get("leak"))
     search = row.get("search") or {}
     if search.get("error"):

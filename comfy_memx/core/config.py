@@ -355,15 +355,17 @@ def parse(environ=None, launcher=False):
         try:
             values[setting.field] = setting.parse(raw)
         except Unusable as exc:
-            raise ConfigError(setting.rejected(raw, f"cannot be used: {exc}", launcher), warnings) from None
+            raise ConfigError(setting.rejected(raw, f"cannot be used: {exc}", launcher), warnings,
+                              setting=setting.env, accepted=setting.accepted) from None
         except (ValueError, TypeError):
             raise ConfigError(setting.rejected(raw, f"is not valid; accepted: {setting.accepted}", launcher),
-                              warnings) from None
+                              warnings, setting=setting.env, accepted=setting.accepted) from None
     if values.get("release") == "auto" and not values.get("release_packages"):
         options = "; launcher options --release auto --release-packages NAMES" if launcher else ""
         raise ConfigError("COMFY_MEMX_RELEASE=auto needs COMFY_MEMX_RELEASE_PACKAGES: the custom-node packages whose "
                           f"caches may be cut automatically (comma list of folder names, or * for every pack{options})",
-                          warnings)
+                          warnings, setting="COMFY_MEMX_RELEASE_PACKAGES",
+                          accepted=next(s.accepted for s in SETTINGS if s.env == "COMFY_MEMX_RELEASE_PACKAGES"))
     return Config(**values)
 
 

@@ -25,8 +25,8 @@ fails it.  The file behaves like a log file:
   is the file's only: every subscriber (the metrics' counters, the timeline) still sees every event, so a counter
   never misses a free or a release that the file had no room for.
 
-Lock rule (README, "Threads and locks"): the file lock is re-entrant.  Opening the file or writing a line may
-allocate and so run a garbage collection whose callbacks could emit an event on the same thread; that event is
+Lock rule (docs/architecture.md, "Threads and locks"): the file lock is re-entrant.  Opening the file or writing a
+line may allocate and so run a garbage collection whose callbacks could emit an event on the same thread; that event is
 written whole, before or after the interrupted line, never inside it.
 """
 

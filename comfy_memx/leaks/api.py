@@ -12,12 +12,15 @@ collection and are held: leaks ComfyUI never warns about, ``leaks.unwarned``).
 
 For the surface (what it shows and does about a leak): :func:`public_state` (a leak's state as JSON builtins),
 :func:`search_now` (a strict holder search of one model now), :func:`releasable_now` (what a release would cut) and
-:func:`release` (cut the cache entry that keeps a leaked model alive); after a free's own collection,
+:func:`release` (cut the cache entry that keeps a leaked model alive), :func:`recent_releases` (the receipts of the
+last releases tried, for the panel's Released list); after a free's own collection,
 :func:`check_unloaded` and :func:`record_searched` (a survivor its receipt searched, recorded as a leak when held).
 """
 
 from comfy_memx.core.state import STATE
 from comfy_memx.leaks import watch
+from comfy_memx.leaks.release import book
+from comfy_memx.leaks.release.engine import KEPT as RELEASES_KEPT  # noqa: F401
 from comfy_memx.leaks.release import releasable_now, release, release_automatically  # noqa: F401
 from comfy_memx.leaks.unwarned import check as check_unloaded, loaded_again, note_unloaded  # noqa: F401
 from comfy_memx.leaks.unwarned import record_searched  # noqa: F401
@@ -36,3 +39,18 @@ def after_collect(found):
     watch.after_collect(found)
     if STATE.config.release == "auto":
         release_automatically([suspect.record for suspect in found])
+
+
+COPY_TRIES = 5
+
+
+def recent_releases():
+    """The receipts of the last releases tried in this process (oldest first, at most :data:`RELEASES_KEPT`):
+    copies of plain dicts of names and numbers, safe to serialize while another release is being written."""
+    receipts = book().receipts
+    for _ in range(COPY_TRIES):
+        try:
+            return [dict(receipt) for receipt in receipts]
+        except RuntimeError:   # appended to while copied (a release on the work executor)
+            continue
+    return []

@@ -5,10 +5,10 @@ comfy_memx must never be the reason a model stays in memory, so a record keeps a
 identity (class name, a stable ``model_id``), the owner at load time, resident bytes, the last unloads and the leak
 state; they never hold tensors, patchers or the module.
 
-Lock rule (see README, "Threads and locks"): a weakref callback can run inside any allocation, on any thread, while
-that thread holds whatever lock it holds.  So the callbacks here take no lock: a module's death only appends to a
-deque (atomic), and the entries are purged by the next :meth:`Ledger.record_for` or :meth:`Ledger.records`, under a
-lock that no callback ever takes.
+Lock rule (docs/architecture.md, "Threads and locks"): a weakref callback can run inside any allocation, on any
+thread, while that thread holds whatever lock it holds.  So the callbacks here take no lock: a module's death only
+appends to a deque (atomic), and the entries are purged by the next :meth:`Ledger.record_for` or
+:meth:`Ledger.records`, under a lock that no callback ever takes.
 """
 
 import collections

@@ -20,8 +20,9 @@ main.py).  A request is matched to the worker run that *consumed its flags*, exa
   again.  # COMFY: the worker reads the flags after each prompt, collects garbage, then waits on the queue (up to
   1000 s); a flag set between its read and its wait wakes nobody.
 
-Lock rule (README, "Threads and locks"): the desk's lock is never taken by the ``gc.callbacks`` hook or any weakref
-callback; the hook reads the run of its own thread from a dict and only the worker thread writes a run's phase.
+Lock rule (docs/architecture.md, "Threads and locks"): the desk's lock is never taken by the ``gc.callbacks`` hook or
+any weakref callback; the hook reads the run of its own thread from a dict and only the worker thread writes a run's
+phase.
 
 The receipt lists what was freed, what ComfyUI still has loaded, and the survivors: models whose torch module is
 alive although ComfyUI no longer holds them, each with the holder chains of a time-bounded strict search.  ComfyUI

@@ -14,7 +14,10 @@ search``                       404 for an unknown model_id; guarded; 429 + Retry
 ``/memx/models/{id}/   POST    cut the pack-cache entry that keeps a leaked model alive (``leaks.release``; body
 release``                      ``{"path"}`` optional); guarded; 403 while COMFY_MEMX_RELEASE=off; the receipt, 200
                                when cut, 409 changed or in use, 422 not a cache that may be cut, 429 busy
-``/memx/status``       GET     version, activation, leak mode, release policy, every patch site, the pin figures
+``/memx/status``       GET     version, activation, leak mode, release policy, every patch site, the pin figures,
+                               this process's RSS and the bytes its leaked models hold
+``/memx/releases``     GET     the receipts of the last 64 releases tried (``surface.releases``): the panel's
+                               Released list
 ``/metrics``           GET     Prometheus text (``surface.metrics``); only when no other extension serves it
 ``/memx/metrics``      GET     the same, always
 =====================  ======  ==================================================================================
@@ -43,7 +46,7 @@ from comfy_memx.leaks import api as leaks
 from comfy_memx.routekit import access, bodies, executors, numbers
 from comfy_memx.routekit.bodies import Field
 from comfy_memx.routekit.replies import HttpError, answer, clip, guard, guarded
-from comfy_memx.surface import answers, freeing, gate, metrics, panel, readmodel, timeline
+from comfy_memx.surface import answers, freeing, gate, metrics, panel, readmodel, releases, retention, timeline
 
 log = logging.getLogger("comfy_memx")
 
@@ -70,7 +73,7 @@ RELEASE_FIELDS = {"path": Field("str", max_chars=2000)}
 RELEASE_ANSWERS = {"released": (200, None), "survivor": (200, None), "changed": (409, "changed"),
                    "in_use": (409, "in_use"), "refused": (422, "not_releasable"), "failed": (409, "cut_failed"),
                    "gone": (404, "unknown_model"), "busy": (429, "busy")}
-NOT_SEARCHED = "not searched: holder searches are allowed from loopback or with COMFY_MEMX_TOKEN (README, Security)"
+NOT_SEARCHED = "not searched: holder searches are allowed from loopback or with COMFY_MEMX_TOKEN (docs/security.md)"
 
 
 class Handlers:
@@ -88,13 +91,23 @@ class Handlers:
     async def status(self, request):
         """GET /memx/status: comfy_memx's version, how it was activated, its leak mode and every patch site's state
         (``patched``, ``skipped`` with its reason, or ``rewrapped``: another pack replaced it, comfy_memx wraps the
-        replacement), and the pinned bytes against the caps (``readmodel.pin_facts``, as in the metrics).  Nothing
-        of the settings' values beyond the leak mode and the pin cap in force."""
+        replacement), the pinned bytes against the caps (``readmodel.pin_facts``, as in the metrics), and this
+        process's resident memory (``process``: ``rss_bytes``, what the panel shows beside the machine's RAM).
+        Nothing of the settings' values beyond the leak mode, the release policy and its packages, and the pin cap
+        in force."""
         from comfy_memx._version import __version__
         return answer({"version": __version__, "source": STATE.source, "leak_mode": STATE.config.leak_mode,
                       "release": STATE.config.release, "release_packages": list(STATE.config.release_packages),
                       "sites": registry.site_status(),
-                      "pins": readmodel.pin_facts()})
+                      "pins": readmodel.pin_facts(), "process": {"rss_bytes": retention.rss_bytes()}})
+
+    async def releases(self, request):
+        """GET /memx/releases: the receipts of the last releases tried (``surface.releases``), whatever started
+        them (the Release button, ``free --release``, ``COMFY_MEMX_RELEASE=auto``); read on the reads executor."""
+        from aiohttp import web
+        loop = asyncio.get_running_loop()
+        body = await loop.run_in_executor(executors.reads(), _releases_body)
+        return web.Response(body=body, content_type="application/json")
 
     async def timeline(self, request):
         """GET /memx/timeline?since=N: the timeline entries numbered above N (``surface.timeline``; clipped and
@@ -218,6 +231,10 @@ def release_one(record, trigger, path=None):
     return leaks.release(record, trigger, path=path, referrers=referrers)
 
 
+def _releases_body():
+    return json.dumps(clip(releases.view())).encode("utf-8")
+
+
 def _timeline_body(since):
     return json.dumps(clip(timeline.install().view(since))).encode("utf-8")
 
@@ -318,13 +335,15 @@ def register(server):
     routes.get("/memx/models")(guarded("/memx/models", handlers.models))
     routes.get("/memx/status")(guarded("/memx/status", handlers.status))
     routes.get("/memx/timeline")(guarded("/memx/timeline", handlers.timeline))
+    routes.get("/memx/releases")(guarded("/memx/releases", handlers.releases))
     routes.post("/memx/free")(guarded("/memx/free", handlers.free))
     routes.post("/memx/models/{model_id}/search")(guarded("/memx/models/{model_id}/search", handlers.search))
     routes.post("/memx/models/{model_id}/release")(guarded("/memx/models/{model_id}/release", handlers.release))
     metrics_handler = guarded("metrics", handlers.metrics)
     routes.get(OWN_METRICS_PATH)(metrics_handler)
-    served = ["/memx/models", "/memx/status", "/memx/timeline", "/memx/free", "/memx/models/{model_id}/search",
-              "/memx/models/{model_id}/release", OWN_METRICS_PATH, *panel.register(routes)]
+    served = ["/memx/models", "/memx/status", "/memx/timeline", "/memx/releases", "/memx/free",
+              "/memx/models/{model_id}/search", "/memx/models/{model_id}/release", OWN_METRICS_PATH,
+              *panel.register(routes)]
     timeline.install()
     if metrics_path_taken(server):
         log.info("comfy_memx: another extension already serves %s; comfy_memx's metrics are at %s",

@@ -164,7 +164,9 @@ def test_status_route_says_each_sites_state_and_a_replaced_one_as_rewrapped(vers
         return before, after
 
     (status, before), (_, after) = serve(version, tmp_path, scenario)
-    assert status == 200 and set(before) == {"version", "source", "leak_mode", "release", "release_packages", "sites", "pins"}
+    assert status == 200 and set(before) == {"version", "source", "leak_mode", "release", "release_packages", "sites",
+                                             "pins", "process"}
+    assert before["process"]["rss_bytes"] > 0   # this process's own resident memory, shown beside the machine's RAM
     assert before["release"] == "off"   # opt-in: nothing is ever cut unless COMFY_MEMX_RELEASE says so
     states = {row["site"]: row["state"] for row in before["sites"]}
     assert states["load_models_gpu"] == "patched" and before["leak_mode"] == "report"
@@ -478,11 +480,12 @@ def test_register_adds_routes_once_and_detects_a_taken_metrics_path():
             self.routes, self.app, self.prompt_queue = web.RouteTableDef(), web.Application(), None
 
     plain = Server()
-    served = ["/memx/models", "/memx/status", "/memx/timeline", "/memx/free", "/memx/models/{model_id}/search",
-              "/memx/models/{model_id}/release", "/memx/metrics", "/memx/", "/memx/web/{name}", "/metrics"]
+    served = ["/memx/models", "/memx/status", "/memx/timeline", "/memx/releases", "/memx/free",
+              "/memx/models/{model_id}/search", "/memx/models/{model_id}/release", "/memx/metrics", "/memx/",
+              "/memx/web/{name}", "/metrics"]
     assert routes.register(plain) == served
     assert routes.register(plain) == served
-    assert len(list(plain.routes)) == 11   # and GET /memx, the redirect to /memx/
+    assert len(list(plain.routes)) == 12   # and GET /memx, the redirect to /memx/
     taken = Server()
 
     async def handler(request):
