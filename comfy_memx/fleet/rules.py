@@ -21,13 +21,13 @@ from comfy_memx.core.units import format_bytes
 
 TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "alerts.template.yml")
 SELECTOR = 'job=~"comfyui.*"'
-# Where the runbooks live: the operations page of the repository's documentation, one heading per alert (the anchor
-# is the alert's name in lower case).  Alertmanager and Grafana show runbook_url as a link, so it must be absolute.
-# The project's public address: pyproject.toml's [project.urls] Repository, once the publisher adds it, must be the
-# first part of it (tests/unit/test_fleet_rules.py checks); a fleet that keeps its own copy of the page renders the
-# file with --runbook-base https://<its copy>/operations.md.
-REPOSITORY = "https://github.com/comfy-memx/comfy_memx"
-RUNBOOK_BASE = REPOSITORY + "/blob/main/docs/operations.md"
+# Where the runbooks live: the page that the server which raised the alert serves (``/memx/runbooks``, rendered from
+# runbooks.md), one heading per alert whose id is the alert's name in lower case; Prometheus fills in the scrape
+# address when the alert fires.  Alertmanager and Grafana show runbook_url as a link, so it must be absolute: a fleet
+# that keeps its own copy of the page renders the file with --runbook-base https://<its copy>.
+PER_SERVER = "{{$labels.instance}}"
+RUNBOOK_BASE = "http://" + PER_SERVER + "/memx/runbooks"
+SERVERLESS = ("comfymemxabsent",)   # alerts without an instance label: their description says what to do
 
 GIB = 1024 ** 3
 MIB = 1024 ** 2
@@ -161,4 +161,6 @@ def render(selector=SELECTOR, runbook_base=RUNBOOK_BASE, overrides=None):
     rendered = re.sub(r"@([A-Z_]+)@", lambda match: table[match.group(1)], text)
     if seconds(values["keep_firing"]) == 0:   # for a Prometheus older than 2.42, which refuses the field
         rendered = re.sub(r"^ *keep_firing_for: .*\n", "", rendered, flags=re.M)
+    if PER_SERVER in runbook_base:   # no server is left to serve the runbook of an alert that has no instance
+        rendered = re.sub(r"^ *runbook_url: .*#(%s)\"\n" % "|".join(SERVERLESS), "", rendered, flags=re.M)
     return rendered

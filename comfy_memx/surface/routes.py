@@ -18,6 +18,7 @@ release``                      ``{"path"}`` optional); guarded; 403 while COMFY_
                                this process's RSS and the bytes its leaked models hold
 ``/memx/releases``     GET     the receipts of the last 64 releases tried (``surface.releases``): the panel's
                                Released list
+``/memx/runbooks``     GET     the runbook page of the alert rules (``fleet.api``); every alert's runbook_url
 ``/metrics``           GET     Prometheus text (``surface.metrics``); only when no other extension serves it
 ``/memx/metrics``      GET     the same, always
 =====================  ======  ==================================================================================
@@ -42,6 +43,7 @@ import logging
 
 from comfy_memx.core import registry
 from comfy_memx.core.state import STATE
+from comfy_memx.fleet import api as fleet
 from comfy_memx.leaks import api as leaks
 from comfy_memx.routekit import access, bodies, executors, numbers
 from comfy_memx.routekit.bodies import Field
@@ -108,6 +110,13 @@ class Handlers:
         loop = asyncio.get_running_loop()
         body = await loop.run_in_executor(executors.reads(), _releases_body)
         return web.Response(body=body, content_type="application/json")
+
+    async def runbooks(self, request):
+        """GET /memx/runbooks: the runbook page every alert's ``runbook_url`` points at (``fleet.api``), one heading
+        per alert; an open read, like the panel's files."""
+        from aiohttp import web
+        return web.Response(body=fleet.runbooks_page(), content_type="text/html",
+                            headers={"Cache-Control": "no-cache"})
 
     async def timeline(self, request):
         """GET /memx/timeline?since=N: the timeline entries numbered above N (``surface.timeline``; clipped and
@@ -336,12 +345,13 @@ def register(server):
     routes.get("/memx/status")(guarded("/memx/status", handlers.status))
     routes.get("/memx/timeline")(guarded("/memx/timeline", handlers.timeline))
     routes.get("/memx/releases")(guarded("/memx/releases", handlers.releases))
+    routes.get("/memx/runbooks")(guarded("/memx/runbooks", handlers.runbooks))
     routes.post("/memx/free")(guarded("/memx/free", handlers.free))
     routes.post("/memx/models/{model_id}/search")(guarded("/memx/models/{model_id}/search", handlers.search))
     routes.post("/memx/models/{model_id}/release")(guarded("/memx/models/{model_id}/release", handlers.release))
     metrics_handler = guarded("metrics", handlers.metrics)
     routes.get(OWN_METRICS_PATH)(metrics_handler)
-    served = ["/memx/models", "/memx/status", "/memx/timeline", "/memx/releases", "/memx/free",
+    served = ["/memx/models", "/memx/status", "/memx/timeline", "/memx/releases", "/memx/runbooks", "/memx/free",
               "/memx/models/{model_id}/search", "/memx/models/{model_id}/release", OWN_METRICS_PATH,
               *panel.register(routes)]
     timeline.install()

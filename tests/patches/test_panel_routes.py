@@ -1,6 +1,6 @@
 """The memory panel's routes on the stand-in PromptServer, through the server patch: GET /memx/timeline (what the
 prompts did, incremental reads, a bad ``since``), the timeline keeping no model alive, the standalone page and its
-files, and comfy_memx's web folder in ComfyUI's extension folders exactly once."""
+files, the runbook page of the alerts, and comfy_memx's web folder in ComfyUI's extension folders exactly once."""
 
 import gc
 import os
@@ -134,3 +134,16 @@ def test_every_module_the_panel_imports_is_served_on_the_page_and_only_the_sideb
 
     answers = serve("0.27.0", tmp_path, scenario)
     assert answers == {name: (200, "text/javascript") for name in panel.PAGE_FILES}
+
+
+def test_the_runbook_page_every_alert_links_to_is_served_with_a_heading_per_alert(tmp_path):
+    from fleet_queries import alert_names
+
+    async def scenario(comfy):
+        response = await comfy.client.get("/memx/runbooks")
+        return response.status, response.content_type, await response.text()
+
+    status, kind, page = serve("0.27.0", tmp_path, scenario)
+    assert status == 200 and kind == "text/html"
+    for name in alert_names():
+        assert f'<h2 id="{name.lower()}">{name}</h2>' in page, name

@@ -1,6 +1,6 @@
 """The shipped Prometheus alert rules: ``promtool check rules``, ``promtool test rules`` with a firing and a resolving
 case per alert (``tests/fleet/alerts_test.yml``), the file as the default rendering of its template, annotations
-and tiers, and a runbook per alert in docs/operations.md.
+and tiers, and a runbook per alert on the page every server serves (comfy_memx/fleet/runbooks.md).
 
 The promtool tests are skipped, with that reason, when promtool is not installed (Debian: ``apt-get install
 prometheus``; ``.ci/run`` installs it). The coverage and runbook checks run everywhere.
@@ -15,7 +15,7 @@ import pytest
 
 from comfy_memx import fleet
 from comfy_memx.cli import fleet as fleet_cli
-from comfy_memx.fleet import rules
+from comfy_memx.fleet import rules, runbooks
 from bench.harness import prom
 from fleet_queries import alert_names
 
@@ -88,13 +88,19 @@ def rule_blocks():
     return {block.split("\n", 1)[0].strip(): block.split("\n\n", 1)[0] for block in blocks}
 
 
-def test_every_alert_has_a_runbook_in_the_operations_page():
-    page = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
-    section = page.split("\n## Fleets\n", 1)
-    assert len(section) == 2, "docs/operations.md has no 'Fleets' section"
-    body = section[1].split("\n## ", 1)[0]
+def test_every_alert_has_a_runbook_on_the_page_the_servers_serve():
+    page = runbooks.page().decode("utf-8")
     for name in alert_names():   # each runbook_url's anchor is the alert's name in lower case
-        assert f"\n#### {name}\n" in body, f"no runbook heading for {name} in docs/operations.md's Fleets section"
+        assert f'<h2 id="{name.lower()}">{name}</h2>' in page, f"no runbook heading for {name} in runbooks.md"
+    source = Path(runbooks.SOURCE).read_text(encoding="utf-8")
+    assert set(re.findall(r"^## (\w+)$", source, re.M)) == set(alert_names())
+
+
+def test_the_runbook_page_escapes_what_it_shows_and_keeps_code_and_lists():
+    html = runbooks.render("## Alert\n\nA <b> and `x < 1` and [a link](../x.md).\n\n* one\n  more\n* two\n\n```\n<raw>\n```\n")
+    assert '<h2 id="alert">Alert</h2>' in html
+    assert "<p>A &lt;b&gt; and <code>x &lt; 1</code> and a link.</p>" in html
+    assert "<ul><li>one more</li><li>two</li></ul>" in html and "<pre>&lt;raw&gt;</pre>" in html
 
 
 def test_every_alert_has_a_summary_a_description_a_runbook_url_and_a_tier():
@@ -104,7 +110,7 @@ def test_every_alert_has_a_summary_a_description_a_runbook_url_and_a_tier():
     for name, block in blocks.items():
         for annotation in ("summary", "description"):
             assert re.search(rf'^\s+{annotation}: "[^"]+', block, re.M), (name, annotation)
-        assert f'runbook_url: "{rules.RUNBOOK_BASE}#{name.lower()}"' in block, name
+        assert name.lower() in rules.SERVERLESS or f'runbook_url: "{rules.RUNBOOK_BASE}#{name.lower()}"' in block, name
         [tier] = re.findall(r"^\s+severity: (\w+)$", block, re.M)
         tiers.setdefault(tier, []).append(name)
     assert set(tiers) == {"warning", "critical"}, tiers
@@ -162,13 +168,18 @@ def test_an_older_prometheus_gets_a_rendering_without_keep_firing_for(tmp_path, 
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_runbook_links_are_absolute_and_name_the_repository_of_the_project():
-    for line in re.findall(r'runbook_url: "([^"]+)"', Path(fleet.rules_path()).read_text(encoding="utf-8")):
-        assert line.startswith(rules.RUNBOOK_BASE + "#comfymemx") and re.match(r"^https://[\w.-]+/", line), line
-    assert rules.RUNBOOK_BASE.startswith(rules.REPOSITORY + "/")
-    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
-    repository = re.search(r'^Repository\s*=\s*"([^"]+)"', pyproject, re.M)   # [project.urls], once published
-    assert repository is None or repository.group(1).rstrip("/") == rules.REPOSITORY, repository.group(1)
+def test_runbook_links_point_at_the_page_of_the_server_that_raised_the_alert():
+    blocks = rule_blocks()
+    for name, block in blocks.items():
+        links = re.findall(r'runbook_url: "([^"]+)"', block)
+        if name.lower() in rules.SERVERLESS:   # no instance label: no server to link to, the description says
+            assert links == [] and "Check that" in block, name
+            continue
+        assert links == [f"http://{{{{$labels.instance}}}}/memx/runbooks#{name.lower()}"], (name, links)
+        labels = re.search(r"by \(([^)]*)\)", block)
+        assert "instance" in (labels.group(1) if labels else "instance"), name   # the link needs the label
+    rendered = rules.render(runbook_base="https://wiki.example/memx")
+    assert 'runbook_url: "https://wiki.example/memx#comfymemxabsent"' in rendered   # a static page links them all
 
 
 def test_thresholds_take_the_lower_of_a_fraction_and_bytes():

@@ -38,6 +38,7 @@ ALLOWED = {
     ("surface", "ledger"): "the read-model shows the ledger's records and reload causes",
     ("surface", "leaks"): "the read-model, /memx/free and holder searches show leaks and their holders",
     ("surface", "pins"): "the read-model shows the pin budget",
+    ("surface", "fleet"): "serves the runbook page every alert links to (/memx/runbooks)",
 }
 
 # the patches fire core's signals and import only core; the per-layer pin path calls the pin budget directly
