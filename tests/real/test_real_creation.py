@@ -47,7 +47,7 @@ def run_creation_session(session):
     session.note("boot", rss=rss_bytes(session))
     session.prompt("keep", keeper_prompt())
     rows = session.call("models", "GET", "/memx/models")["body"]
-    unet = next(row["model_id"] for row in rows if isinstance(row, dict) and row["model"] == "BaseModel")
+    unet = next((row["model_id"] for row in rows if isinstance(row, dict) and row["model"] == "BaseModel"), "none")
     session.call("search", "POST", f"/memx/models/{quote(unet, safe='')}/search", timeout=300)
     session.memx_free("free", timeout=300)
 
