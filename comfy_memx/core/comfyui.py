@@ -92,10 +92,11 @@ def comfy_root():
 
 
 class _Layout:
-    """What :func:`custom_node_dirs` and the linked packs were last computed from, and the answers (module-level
-    caches: each is rebuilt when what it reads changed, so a stale answer needs no reset)."""
-    dirs_from, dirs = None, ()
-    links_from, links = None, ()
+    """The last answers of :func:`custom_node_dirs` and :func:`_linked_packs`, each ``(what it was computed from,
+    the answer)`` in one attribute (module-level caches: an answer is computed again when what it reads changed, so
+    none needs a reset, and a reader on another thread sees a key with its own answer)."""
+    dirs = (None, ())
+    links = (None, ())
 
 
 def _normcase(path):
@@ -113,32 +114,39 @@ def custom_node_dirs():
         raw = tuple(path for path in entry[0] if isinstance(path, str) and path)
     except Exception:
         return ()
-    if raw != _Layout.dirs_from:
-        _Layout.dirs = tuple(os.path.join(_normcase(path), "") for path in raw)
-        _Layout.dirs_from = raw
-    return _Layout.dirs
+    known, dirs = _Layout.dirs
+    if raw != known:
+        dirs = tuple(os.path.join(_normcase(path), "") for path in raw)
+        _Layout.dirs = (raw, dirs)
+    return dirs
 
 
 def _linked_packs(dirs):
     """``((target folder + separator, package), ...)`` for the directory packs ComfyUI loaded through a symbolic
-    link (``nodes.LOADED_MODULE_DIRS``: package name -> the folder as ComfyUI found it), longest target first."""
+    link, longest target first; computed again only when ComfyUI loaded another pack.
+
+    # COMFY: ``nodes.LOADED_MODULE_DIRS`` maps each loaded pack's name to its folder as ComfyUI found it (0.3.64,
+    0.27.0, 0.33.0); it only grows."""
     nodes = sys.modules.get("nodes")
     try:
         loaded = _MODULE_DICT.__get__(nodes).get("LOADED_MODULE_DIRS") if isinstance(nodes, ModuleType) else None
-        items = tuple(loaded.items()) if type(loaded) is dict else ()
     except Exception:
-        items = ()
-    key = (len(items), dirs)
-    if key != _Layout.links_from:
+        loaded = None
+    if type(loaded) is not dict:
+        return ()
+    key = (id(loaded), len(loaded), dirs)
+    known, links = _Layout.links
+    if key != known:
         found = []
-        for folder in (path for _name, path in items if isinstance(path, str)):
-            package = _pack_by_place(os.path.join(_normcase(folder), ""), dirs)
+        for folder in [path for path in list(loaded.values()) if isinstance(path, str)]:
+            place = os.path.join(_normcase(folder), "")
+            package = _pack_by_place(place, dirs)
             target = os.path.join(_normcase(os.path.realpath(folder)), "")
-            if package is not None and target != os.path.join(_normcase(folder), ""):
+            if package is not None and target != place:
                 found.append((target, package))
-        _Layout.links = tuple(sorted(found, key=lambda pair: -len(pair[0])))
-        _Layout.links_from = key
-    return _Layout.links
+        links = tuple(sorted(found, key=lambda pair: -len(pair[0])))
+        _Layout.links = (key, links)
+    return links
 
 
 def _pack_by_place(path, dirs):
