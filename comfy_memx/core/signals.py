@@ -111,9 +111,9 @@ model_management_patched = Signal("model_management_patched", "``comfy.model_man
 
 # -- comfy.model_patcher ----------------------------------------------------------------------------------------------
 
-patcher_built = Signal("patcher_built", "``ModelPatcher.__init__`` returned (a new patcher: ComfyUI's loaders build one "
-                                        "around every model they make, a clone builds one around the same model): "
-                                        "``(patcher, caller_frame)``.")
+patcher_built = Signal("patcher_built", "``ModelPatcher.__init__`` returned (a new patcher: ComfyUI's loaders "
+                                        "build one around every model they make, a clone one around the same "
+                                        "model): ``(patcher, caller_frame)``.")
 
 # -- execution --------------------------------------------------------------------------------------------------------
 

@@ -4,9 +4,9 @@ ComfyUI's loaders (checkpoint, diffusion model, CLIP, VAE, ...) build a ModelPat
 (``patches/model_patcher.py`` fires ``patcher_built``), and ``ModelPatcher.clone`` builds another one around the
 same module.  So the first patcher seen around a module creates the module's record, with ``created_by`` (the
 :class:`~comfy_memx.ledger.attribution.Owner` of the node run that asked: prompt, node, class type, package) and
-``created_at``, and the same owner as its ``owner`` until its first load names the loader; every later patcher (a clone) is only remembered, by weakref, in the record.  A model that no sampler
-ever loads is known all the same: ``/memx/models`` lists it (state ``built``) and a free's receipt names it among the
-survivors when a pack keeps it.
+``created_at``, and the same owner as its ``owner`` until its first load names the loader; every later patcher (a
+clone) is only remembered, by weakref, in the record.  A model that no sampler ever loads is known all the same:
+``/memx/models`` lists it (state ``built``) and a free's receipt names it among the survivors when a pack keeps it.
 
 Cost per patcher: a clone (every sampler, LoRA and patch node clones its model) is one dict lookup and one weakref
 (``bench/wrappers.py`` measures it); a new model also walks the caller's stack once (the owner) and is measured once:

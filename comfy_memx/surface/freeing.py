@@ -539,8 +539,9 @@ def _survivors(request, loaded_ids):
         resident = int(getattr(module, "model_loaded_weight_memory", 0) or 0) if module is not None else 0
         del module
         found.append(({"model": record.model, "model_id": model_id, "owner": record.owner._asdict(),
-                       "created_by": readmodel.created_by(record), "bytes": record.model_bytes, "resident_bytes": resident, "reason": why, "leak": None,
-                       "holders": None, "search": None}, record))
+                       "created_by": readmodel.created_by(record), "bytes": record.model_bytes,
+                       "resident_bytes": resident, "reason": why, "leak": None, "holders": None, "search": None},
+                      record))
     return found
 
 

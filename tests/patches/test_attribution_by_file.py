@@ -62,7 +62,8 @@ def write_linked_pack(store):
                                           "    def run(self):\n        return ()\n")
     (folder / "__init__.py").write_text(
         "import os\nimport sys\n\nsys.path.append(os.path.dirname(os.path.realpath(__file__)))\n\n"
-        f"import {HELPER}  # noqa: E402\n\nKEPT = {{}}\nNODE_CLASS_MAPPINGS = {{'MemxLinkedNode': {HELPER}.HelperNode}}\n")
+        f"import {HELPER}  # noqa: E402\n\nKEPT = {{}}\n"
+        f"NODE_CLASS_MAPPINGS = {{'MemxLinkedNode': {HELPER}.HelperNode}}\n")
     return folder
 
 
@@ -84,7 +85,8 @@ def test_a_linked_pack_owns_the_modules_it_imports_under_top_level_names(version
             assert [(c.path, c.package) for c in find_holders(in_helper).chains] == [(f"{HELPER}.HELD[0]", LINKED)]
             assert [(c.path, c.package) for c in find_holders(in_pack).chains] == [(f"{LINKED}.KEPT['model']",
                                                                                    LINKED)]
-            assert custom_node_package_of_module(HELPER) == LINKED and comfyui.package_of_file(helper.__file__) == LINKED
+            assert custom_node_package_of_module(HELPER) == LINKED
+            assert comfyui.package_of_file(helper.__file__) == LINKED
             assert attribution.package_of_node("MemxLinkedNode") == LINKED
             assert is_custom_node_package(LINKED) and not is_custom_node_package("core")
             assert not is_custom_node_package(HELPER) and not is_custom_node_package("folder_paths")
@@ -105,7 +107,8 @@ def test_a_pack_in_a_custom_node_folder_of_another_name_owns_what_its_node_build
         await comfy.run(keeper_prompt())
         _, rows = await comfy.get_json("/memx/models")
         held = [(chain.path, chain.package) for chain in find_holders(cache.loaded_objects["ckpt"][0][1]).chains]
-        return rows, comfyui.package_of_file(cache.__file__), attribution.package_of_node("KeeperCheckpointLoader"), held
+        node_package = attribution.package_of_node("KeeperCheckpointLoader")
+        return rows, comfyui.package_of_file(cache.__file__), node_package, held
 
     rows, file_package, node_package, held = serve(version, tmp_path, scenario)
     assert file_package == node_package == PACK

@@ -21,9 +21,9 @@ from memx_helpers import install_pack, memx_on
 
 VERSIONS = ["0.3.64", "0.27.0"]
 MODEL_KEYS = {"model", "model_id", "state", "bytes", "loaded_bytes", "load_device", "bytes_by_device",
-              "pinned_bytes", "owner", "created_by", "created_at", "loaded_at", "last_used", "loads", "unloads", "last_unload",
-              "reloads", "reload_seconds", "reload_bytes", "reload_causes", "in_comfyui_loaded_list", "leak",
-              "searched", "release"}
+              "pinned_bytes", "owner", "created_by", "created_at", "loaded_at", "last_used", "loads", "unloads",
+              "last_unload", "reloads", "reload_seconds", "reload_bytes", "reload_causes", "in_comfyui_loaded_list",
+              "leak", "searched", "release"}
 RECEIPT_KEYS = {"status", "worker", "waited_s", "request", "run", "freed", "freed_bytes", "released_bytes",
                 "still_loaded", "survivors", "survivor_bytes", "memory", "prompt_running_at_request", "releases",
                 "release_bytes"}

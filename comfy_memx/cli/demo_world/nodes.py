@@ -2,8 +2,9 @@
 
 Core nodes: ``SimModelLoader`` (a ModelPatcher around a ``comfy.model_base.BaseModel`` of N tensors),
 ``SimModelClone`` (``patcher.clone()``, like a LoRA loader), ``SimSampler`` (``load_models_gpu([model])``,
-optionally raising a CUDA OOM) and ComfyUI's ``CheckpointLoaderSimple`` (``comfy.sd``'s checkpoint loader).  ``init_extra_nodes`` imports every pack in the ``custom_nodes`` folders
-(``folder_paths``) and merges its NODE_CLASS_MAPPINGS without overriding core nodes, like the real loader.
+optionally raising a CUDA OOM) and ComfyUI's ``CheckpointLoaderSimple`` (``comfy.sd``'s checkpoint loader).
+``init_extra_nodes`` imports every pack in the ``custom_nodes`` folders (``folder_paths``) and merges its
+NODE_CLASS_MAPPINGS without overriding core nodes, like the real loader.
 """
 import importlib.util
 import logging

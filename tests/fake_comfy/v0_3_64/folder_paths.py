@@ -1,6 +1,6 @@
 """Stand-in for ``folder_paths.py``: where custom node packs and checkpoints are looked up (stdlib only, imports
-cli_args like the real one).  Simulation knob: ``FAKE_COMFY_CUSTOM_NODE_DIRS`` (os.pathsep-separated) adds directories of node
-packs, so subprocess tests can load packs such as tests/fake_comfy/packs without copying them."""
+cli_args like the real one).  Simulation knob: ``FAKE_COMFY_CUSTOM_NODE_DIRS`` (os.pathsep-separated) adds
+directories of node packs, so subprocess tests can load packs such as tests/fake_comfy/packs without copying them."""
 import os
 
 from comfy.cli_args import args  # noqa: F401  (the real module reads paths from args)
