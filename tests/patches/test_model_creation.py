@@ -100,7 +100,8 @@ def test_a_checkpoint_a_pack_keeps_unsampled_is_known_and_survives_a_free_with_i
     assert set(survivors) == set(SIZES) and receipt["survivor_bytes"] == sum(SIZES.values())
     for model, survivor in survivors.items():
         assert survivor["bytes"] == SIZES[model] and survivor["created_by"] == builder, survivor
-        assert survivor["leak"]["found_by"] == "after_free" and survivor["leak"]["holder_package"] == PACK, survivor
+        leak = survivor["leak"] or {}
+        assert leak.get("found_by") == "after_free" and leak.get("holder_package") == PACK, survivor
         assert survivor["holder"]["path"].startswith(f"{CACHE_MODULE}.loaded_objects['ckpt'][0]"), survivor
     assert {row["model_id"] for row in after} == {row["model_id"] for row in rows}
     assert all(row["state"] == "leaked" for row in after)
