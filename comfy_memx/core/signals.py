@@ -109,6 +109,12 @@ collect_ended = Signal("collect_ended", "``cleanup_models_gc`` returned or raise
 model_management_patched = Signal("model_management_patched", "``comfy.model_management`` was just patched "
                                                               "(models it holds already are taken in): ``(mm,)``.")
 
+# -- comfy.model_patcher ----------------------------------------------------------------------------------------------
+
+patcher_built = Signal("patcher_built", "``ModelPatcher.__init__`` returned (a new patcher: ComfyUI's loaders "
+                                        "build one around every model they make, a clone one around the same "
+                                        "model): ``(patcher, caller_frame)``.")
+
 # -- execution --------------------------------------------------------------------------------------------------------
 
 prompt_started = Signal("prompt_started", "``PromptExecutor.execute_async`` begins: ``(prompt_id, prompt)``.")

@@ -10,6 +10,9 @@ loaded list: watch it by weakref), :func:`loaded_again` (ComfyUI loads it again:
 over) and :func:`check_unloaded` (record the unloaded models that survived a full
 collection and are held: leaks ComfyUI never warns about, ``leaks.unwarned``).
 
+For anyone who must tell a pack's holder from ComfyUI's or a library's: :func:`is_custom_node_package` (a
+custom-node package loaded in this process; cheap, kept until ``sys.modules`` changes).
+
 For the surface (what it shows and does about a leak): :func:`public_state` (a leak's state as JSON builtins),
 :func:`search_now` (a strict holder search of one model now), :func:`releasable_now` (what a release would cut) and
 :func:`release` (cut the cache entry that keeps a leaked model alive), :func:`recent_releases` (the receipts of the
@@ -21,6 +24,7 @@ from comfy_memx.core.state import STATE
 from comfy_memx.leaks import watch
 from comfy_memx.leaks.release import book
 from comfy_memx.leaks.release.engine import KEPT as RELEASES_KEPT  # noqa: F401
+from comfy_memx.leaks.holders.packages import is_custom_node_package  # noqa: F401
 from comfy_memx.leaks.release import releasable_now, release, release_automatically  # noqa: F401
 from comfy_memx.leaks.unwarned import check as check_unloaded, loaded_again, note_unloaded  # noqa: F401
 from comfy_memx.leaks.unwarned import record_searched  # noqa: F401

@@ -228,9 +228,10 @@ def leak_holder(record, referrers):
 
 
 def custom_node_packages():
-    """The names of the custom-node packages loaded in this process (as the holder search names them)."""
-    from comfy_memx.leaks.holders.packages import custom_node_package_names
-    return custom_node_package_names()
+    """The names of the custom-node packages loaded in this process (as the holder search names them:
+    ``leaks.holders.packages.custom_node_packages``, kept until ``sys.modules`` changes)."""
+    from comfy_memx.leaks.holders.packages import custom_node_packages as loaded
+    return loaded()
 
 
 def _found_by(record):

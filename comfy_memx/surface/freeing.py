@@ -373,7 +373,8 @@ def receipt(request, model_management=None, search_holders=True, trim=False, rel
     """The receipt of ``request``: freed, still_loaded, survivors (with holder chains when ``search_holders`` is
     True; a string instead says why they were not searched).
 
-    Survivors are taken among the models alive when the request began, plus every leaked model.  When the run that
+    Survivors are taken among the models alive when the request began (the ledger knows every model ComfyUI built,
+    loaded or not: a loader's output no sampler used is among them), plus every leaked model.  When the run that
     served the request reset ComfyUI's caches (``free_memory``, ours or another client's in the same run), any of
     them still alive is kept by something else; after an unload only, a model counts when ComfyUI warned about it
     or no ModelPatcher refers to it any more.  Before the worker is done only the leaked ones are known, and no
@@ -541,8 +542,9 @@ def _survivors(request, loaded_ids):
         resident = int(getattr(module, "model_loaded_weight_memory", 0) or 0) if module is not None else 0
         del module
         found.append(({"model": record.model, "model_id": model_id, "owner": record.owner._asdict(),
-                       "bytes": record.model_bytes, "resident_bytes": resident, "reason": why, "leak": None,
-                       "holders": None, "search": None}, record))
+                       "created_by": readmodel.created_by(record), "bytes": record.model_bytes,
+                       "resident_bytes": resident, "reason": why, "leak": None, "holders": None, "search": None},
+                      record))
     return found
 
 

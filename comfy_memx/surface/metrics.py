@@ -12,7 +12,7 @@ comfy_memx_patch_sites                     gauge      state (patched/rewrapped/s
 comfy_memx_patch_skipped                   gauge      patch, site, reason (absent/disabled/not_imported/other): 1
 comfy_memx_loaded_bytes                    gauge      device: weights loaded on each load device
 comfy_memx_model_loaded_bytes              gauge      model, package, device (copies of one model summed)
-comfy_memx_model_bytes                     gauge      model, package, state (loaded/offloaded/leaked)
+comfy_memx_model_bytes                     gauge      model, package, state (loaded/offloaded/built/leaked)
 comfy_memx_leaked_bytes                    gauge      package (holder), loader_package, found_by: live leaked weights
 comfy_memx_leak_found_timestamp_seconds    gauge      package, loader_package, stage, found_by: newest live leak's time
 comfy_memx_free_survivor_models            gauge      package (holder), loader_package: live models a free left alive
@@ -392,7 +392,7 @@ class _StateCollector:
         shown = sorted(rows, key=lambda row: row["bytes"], reverse=True)[:MAX_MODEL_SERIES]
         shown_ids = {id(row) for row in shown}
         for row in rows:
-            package = str(row["owner"].get("package") or "?")
+            package = _loader_package(row)
             device = str(row["load_device"])
             totals[device] = totals.get(device, 0) + row["loaded_bytes"]
             named = (str(row["model"]), package) if id(row) in shown_ids else (OTHER, OTHER)
@@ -498,6 +498,12 @@ class _StateCollector:
             sites.add_metric([state], number)
         yield sites
         yield skipped
+
+
+def _loader_package(row):
+    """The package a ``/memx/models`` row is charged to: the one that loaded it, else the one that built it (a model
+    no sampler loaded yet), else ``?``."""
+    return str(row["owner"].get("package") or (row.get("created_by") or {}).get("package") or "?")
 
 
 def _add(sums, key, nbytes):

@@ -18,9 +18,11 @@ from comfy_memx.surface import gate
 def model_rows(model_management=None):
     """One dict per live model in the ledger: identity, bytes by device, pinned bytes, owner, times, leak state.
 
-    ``state`` is ``loaded`` (weights on the load device), ``offloaded`` (a ModelPatcher still refers to it) or
-    ``leaked`` (a leak record exists: ComfyUI warned about it, or ``leaks.unwarned`` found it held after a free
-    or an unload; or no ModelPatcher refers to it any more).  Attribute reads only.
+    ``state`` is ``loaded`` (weights on the load device), ``offloaded`` (a ModelPatcher still refers to it),
+    ``built`` (ComfyUI built it and never loaded it: a loader's output that no sampler used yet) or ``leaked`` (a
+    leak record exists: ComfyUI warned about it, or ``leaks.unwarned`` found it held after a free or an unload; or
+    no ModelPatcher refers to it any more).  ``created_by`` is who built it (the owner's keys; null when unknown).
+    Attribute reads only.
     """
     mm = model_management if model_management is not None else sys.modules.get("comfy.model_management")
     listed = listed_modules(mm)
@@ -73,18 +75,27 @@ def _row(record, module, mm, listed):
             by_device[device] = by_device.get(device, 0) + nbytes
     if record.leak is not None or patcher is None:
         state = "leaked"
+    elif loaded > 0:
+        state = "loaded"
     else:
-        state = "loaded" if loaded > 0 else "offloaded"
+        state = "offloaded" if record.loads or record.unloads or id(module) in listed else "built"
     last = record.unloads[-1] if record.unloads else None
     return {"model": record.model, "model_id": record.model_id, "state": state, "bytes": size,
             "loaded_bytes": loaded, "load_device": load_device, "bytes_by_device": by_device,
             "pinned_bytes": _pinned_bytes(record, patcher, mm), "owner": record.owner._asdict(),
-            "loaded_at": record.loaded_at, "last_used": record.last_used, "loads": record.loads,
-            "unloads": len(record.unloads),
+            "created_by": created_by(record), "created_at": record.created_at, "loaded_at": record.loaded_at,
+            "last_used": record.last_used, "loads": record.loads, "unloads": len(record.unloads),
             "last_unload": {k: last.get(k) for k in ("reason", "requested_by", "bytes", "time")} if last else None,
             **ledger.reload_view(record),
             "in_comfyui_loaded_list": id(module) in listed, "leak": leaks.public_state(record.leak),
             "searched": gate.gate().last_search(record), "release": release_view(record)}
+
+
+def created_by(record):
+    """Who built ``record``'s model (``prompt_id``, ``node_id``, ``class_type``, ``package``, ``via``), or None when
+    comfy_memx did not see it built (activated later, or the ``model_patcher`` patch is off)."""
+    owner = record.created_by
+    return owner._asdict() if owner is not None else None
 
 
 def release_view(record):

@@ -32,7 +32,8 @@ def shape_paths(version):
 
 
 def purge_fake_comfy():
-    """Forget every module of every shape (and custom-node packs they loaded) so the next import is fresh.
+    """Forget every module of every shape (and custom-node packs they loaded, with the folders those put on
+    ``sys.path``) so the next import is fresh.
 
     comfy_memx's own modules stay, though the 0.27.0 shape's folder is a package of comfy_memx too."""
     roots = tuple(os.path.join(root, "") for root in SHAPES.values()) + (os.path.join(PACKS_DIR, ""),)
@@ -41,7 +42,8 @@ def purge_fake_comfy():
         path = getattr(module, "__file__", None) or ""
         if top in _TOP_LEVEL or (top != "comfy_memx" and os.path.abspath(path).startswith(roots)):
             del sys.modules[name]
-    sys.path[:] = [p for p in sys.path if p not in SHAPES.values()]
+    # the shapes, and the folders packs put on sys.path to import their modules under top-level names
+    sys.path[:] = [p for p in sys.path if p not in SHAPES.values() and not str(p).startswith(roots[-1])]
 
 
 def use_fake_comfy(version):

@@ -21,13 +21,14 @@ from memx_helpers import install_pack, memx_on
 
 VERSIONS = ["0.3.64", "0.27.0"]
 MODEL_KEYS = {"model", "model_id", "state", "bytes", "loaded_bytes", "load_device", "bytes_by_device",
-              "pinned_bytes", "owner", "loaded_at", "last_used", "loads", "unloads", "last_unload",
-              "reloads", "reload_seconds", "reload_bytes", "reload_causes", "in_comfyui_loaded_list", "leak",
-              "searched", "release"}
+              "pinned_bytes", "owner", "created_by", "created_at", "loaded_at", "last_used", "loads", "unloads",
+              "last_unload", "reloads", "reload_seconds", "reload_bytes", "reload_causes", "in_comfyui_loaded_list",
+              "leak", "searched", "release"}
 RECEIPT_KEYS = {"status", "worker", "waited_s", "request", "run", "freed", "freed_bytes", "released_bytes",
                 "still_loaded", "survivors", "survivor_bytes", "memory", "prompt_running_at_request", "releases",
                 "release_bytes"}
-SURVIVOR_KEYS = {"model", "model_id", "owner", "bytes", "resident_bytes", "reason", "leak", "holders", "search", "holder"}
+SURVIVOR_KEYS = {"model", "model_id", "owner", "created_by", "bytes", "resident_bytes", "reason", "leak", "holders",
+                 "search", "holder"}
 OWNER_KEYS = {"prompt_id", "node_id", "class_type", "package", "via"}
 
 
@@ -198,6 +199,7 @@ def test_models_route_lists_each_model_with_its_schema(version, tmp_path):
     assert sum(row["bytes_by_device"].values()) == row["bytes"] and row["load_device"] in row["bytes_by_device"]
     assert row["pinned_bytes"] == 0 and row["loads"] == 1 and row["unloads"] == 0 and row["last_unload"] is None
     assert row["loaded_at"] <= row["last_used"]
+    assert row["created_by"] == row["owner"] and row["created_at"] <= row["loaded_at"]   # built and loaded by node 1
 
 
 # -- POST /memx/free --------------------------------------------------------------------------------------------------

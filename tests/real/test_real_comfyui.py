@@ -451,7 +451,8 @@ def split_startup_line(line):
 
 
 SITE_FILES = (("comfy.pinned_memory.", "comfy/pinned_memory.py"), ("comfy.utils.", "comfy/utils.py"),
-              ("execution.", "execution.py"), ("server.", "server.py"))
+              ("comfy.model_patcher.", "comfy/model_patcher.py"), ("execution.", "execution.py"),
+              ("server.", "server.py"))
 
 
 def site_in_tree(tree, site):
@@ -729,7 +730,8 @@ def test_startup_line_patches_every_site_the_tree_defines(tree, name, real_sessi
 
 
 DOCTOR_PREFIX = {"model_management": "", "pinned_memory": "", "dynamic_pins": "comfy.pinned_memory.",
-                 "execution": "execution.", "loader": "comfy.utils.", "server": "server."}
+                 "execution": "execution.", "loader": "comfy.utils.", "model_patcher": "comfy.model_patcher.",
+                 "server": "server."}
 
 
 @needs_real_comfyui
