@@ -85,9 +85,17 @@ def comfy_root():
     path = _module_file(sys.modules.get("comfy.model_management"))
     if path is not None:
         return os.path.dirname(os.path.dirname(os.path.abspath(path)))
-    path = _module_file(sys.modules.get("__main__"))
-    if path is not None and os.path.basename(path) == "main.py":
-        return os.path.dirname(os.path.abspath(path))
+    return main_folder()
+
+
+def main_folder():
+    """The folder of ComfyUI's ``main.py`` in this process (the module ``main``, or ``__main__`` when it is a
+    ``main.py``), or None.  In a ComfyUI tree it is :func:`comfy_root`; an entry script kept apart from the tree
+    (as the 0.3.64 stand-in's) is ComfyUI's own code too."""
+    for name in ("main", "__main__"):
+        path = _module_file(sys.modules.get(name))
+        if path is not None and os.path.basename(path) == "main.py":
+            return os.path.dirname(os.path.abspath(path))
     return None
 
 

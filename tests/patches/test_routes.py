@@ -482,12 +482,12 @@ def test_register_adds_routes_once_and_detects_a_taken_metrics_path():
             self.routes, self.app, self.prompt_queue = web.RouteTableDef(), web.Application(), None
 
     plain = Server()
-    served = ["/memx/models", "/memx/status", "/memx/timeline", "/memx/releases", "/memx/free",
+    served = ["/memx/models", "/memx/status", "/memx/timeline", "/memx/releases", "/memx/runbooks", "/memx/free",
               "/memx/models/{model_id}/search", "/memx/models/{model_id}/release", "/memx/metrics", "/memx/",
               "/memx/web/{name}", "/metrics"]
     assert routes.register(plain) == served
     assert routes.register(plain) == served
-    assert len(list(plain.routes)) == 12   # and GET /memx, the redirect to /memx/
+    assert len(list(plain.routes)) == 13   # and GET /memx, the redirect to /memx/
     taken = Server()
 
     async def handler(request):

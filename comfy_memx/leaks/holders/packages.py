@@ -197,8 +197,8 @@ def _package_of_file(path, module_name, comfy_root):
     package = comfyui.pack_of_file(path)
     if package is not None:
         return package
-    root = comfy_root if comfy_root is not None else default_comfy_root()
-    if root and _first_part_under(path, _norm(root)) is not None:
+    roots = (comfy_root,) if comfy_root is not None else (default_comfy_root(), comfyui.main_folder())
+    if any(root and _first_part_under(path, _norm(root)) is not None for root in roots):
         return CORE
     if isinstance(module_name, str) and module_name and "/" not in module_name and "\\" not in module_name:
         top = module_name.split(".", 1)[0]
