@@ -15,7 +15,8 @@ import pytest
 
 from comfy_memx.core.state import STATE
 from comfy_memx.routekit import access
-from comfy_memx.surface import gate, readmodel, routes
+from comfy_memx.leaks import gate
+from comfy_memx.surface import readmodel, routes
 from memx_helpers import mode_of, umask
 from test_routes import leaky, serve
 
