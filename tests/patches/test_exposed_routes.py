@@ -728,6 +728,7 @@ def test_twenty_anonymous_frees_search_no_more_than_the_search_cpu_budget(tmp_pa
     assert all(status == 200 and receipt["status"] == "done" for status, receipt in answers)
     assert all(s["search"] == {"note": routes.NOT_SEARCHED} for _, r in answers for s in r["survivors"])
     allowed = leak_budget + search_cpu / 60.0 * elapsed
-    assert outside and sum(outside) <= counters["cpu_seconds"] + 0.005   # every one of them in the gate's books
-    assert counters["refused_budget"] > 0                                 # the budget was what stopped them
-    assert counters["cpu_seconds"] <= allowed + leak_budget, (counters, elapsed)   # one search may overrun
+    counted = counters.get("cpu_seconds", 0.0)
+    assert outside and sum(outside) <= counted + 0.005, (sum(outside), counters)   # all of it in the gate's books
+    assert counters.get("refused_budget", 0) > 0                                  # the budget stopped the rest
+    assert counted <= allowed + leak_budget, (counters, elapsed)                  # one search may overrun
