@@ -453,12 +453,13 @@ def release_survivors(pairs):
 
 
 def write_receipt(survey, releases, trim, release_note=None, release_state=None):
-    """The receipt of a survey and its releases (see :func:`receipt`): the survivors listed are those still alive
-    after the releases, and the memory is read after them.  ``release_state`` (only when a release was asked):
+    """The receipt of a survey and its releases (see :func:`receipt`): the survivors listed are those its releases
+    did not free (a released model that died is not listed), and the memory is read after them.  ``release_state`` (only when a release was asked):
     ``done``, ``withdrawn`` (a prompt ran past the timeout: nothing was cut) or ``not_run`` (the worker had not
     finished freeing)."""
     request = survey.request
-    rows = [row for row, record in survey.survivors if record.alive]
+    gone = {release["model_id"] for release in releases if release["died"]}
+    rows = [row for row, _record in survey.survivors if row["model_id"] not in gone]
     memory = _memory(request, trim)
     run = request.run
     finished = run.finished if run is not None and run.finished else time.time()
