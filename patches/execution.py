@@ -13,10 +13,11 @@ Sites:
   entries per node, nothing when none is loaded;
 * ``PromptQueue.set_flag`` / ``PromptQueue.get_flags`` and ``PromptExecutor.reset``: follow a ``/memx/free`` request
   to the worker run that reads its flags and through that run's cache reset (the surface's free-request desk).
-  With no request waiting their subscribers only check one attribute.  Before ComfyUI's ``get_flags`` takes the
-  queue's mutex, ``flags_reading`` marks the worker's point between prompts, where the leak wing runs the queued
-  releases (``leaks.release.desk``; nothing queued: one attribute read).  # COMFY: ``PromptQueue.mutex`` is an ``RLock`` that
+  With no request waiting their subscribers only check one attribute.  # COMFY: ``PromptQueue.mutex`` is an ``RLock`` that
   ``set_flag`` and ``get_flags`` take (0.3.64, 0.27.0, 0.33.0); the ``get_flags`` wrapper holds it around the call.
+  Before it takes that mutex, ``flags_reading`` marks the worker's point between prompts, where the leak wing runs
+  the queued releases (``leaks.release.desk``; nothing queued: one attribute read).  # COMFY: the worker calls
+  ``get_flags`` after every prompt and whenever ``q.get`` returns without one (woken, or its timeout).
 
 Signals fired (``comfy_memx.core.signals``): ``prompt_started``/``prompt_ended``, ``node_starting``/``node_ended``,
 ``free_flag_set``, ``flags_reading``, ``flags_served``, ``cache_reset``; core (the replaced-wrapper audit), the

@@ -150,8 +150,9 @@ def format_receipt(receipt):
     if not survivors:
         lines.append(f"survivors{left}: none")
     else:
-        lines.append(f"survivors{left}: {len(survivors)} model(s), {format_bytes(sum(r.get('bytes') or 0 for r in survivors))} "
-                     "still alive although ComfyUI no longer holds them")
+        alive = format_bytes(sum(row.get("bytes") or 0 for row in survivors))
+        lines.append(f"survivors{left}: {len(survivors)} model(s), {alive} still alive although ComfyUI no longer "
+                     "holds them")
     for row in survivors:
         lines += _survivor_lines(row)
     lines += _memory_lines(receipt.get("memory"))

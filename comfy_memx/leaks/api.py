@@ -12,9 +12,9 @@ collection and are held: leaks ComfyUI never warns about, ``leaks.unwarned``).
 
 For the surface (what it shows and does about a leak): :func:`public_state` (a leak's state as JSON builtins),
 :func:`search_now` (a strict holder search of one model now), :func:`gated_search`, :func:`search_gate` and
-:class:`Busy` (the searches no prompt pays for: one at a time, within ``COMFY_MEMX_SEARCH_CPU``), :func:`in_comfyui_use` (why ComfyUI uses a
-model now), :func:`releasable_now` (what a release would cut) and :func:`release` (cut the cache entry that keeps a
-leaked model alive), run through the release desk (:func:`submit_release`, :func:`withdraw_release`,
+:class:`Busy` (the searches no prompt pays for: one at a time, within ``COMFY_MEMX_SEARCH_CPU``),
+:func:`in_comfyui_use` (why ComfyUI uses a model now), :func:`releasable_now` (what a release would cut) and
+:func:`release` (cut the cache entry that keeps a leaked model alive), run through the release desk (:func:`submit_release`, :func:`withdraw_release`,
 :func:`run_release_if_idle`, :func:`worker_seen`, :func:`nudge_worker`, :func:`releasing_here`: on ComfyUI's prompt
 worker between prompts); after a free's own collection, :func:`check_unloaded` and :func:`record_searched` (a
 survivor its receipt searched, recorded as a leak when held).

@@ -27,6 +27,9 @@ The receipt lists what was freed, what ComfyUI still has loaded, and the survivo
 alive although ComfyUI no longer holds them, each with the holder chains of a time-bounded strict search.  ComfyUI
 never warns about a model it unloaded, so once the worker has collected, a survivor whose search names a holder
 that makes it a leak is recorded as one (``leaks.unwarned``: ``found_by`` ``after_free``), counted once like any leak.
+With ``release`` (``/memx/free`` with ``"release": true``, ``free --release``), the survivors whose holder is known
+(their leak report's, else a search's) are released in one job on the leak wing's release desk, which ComfyUI's
+prompt worker runs between prompts (``leaks.release.desk``), and the receipt is written after it.
 Everything is held by weakref or ``model_id``; a module is strong only inside one search.
 """
 
@@ -392,7 +395,8 @@ def receipt(request, model_management=None, search_holders=True, trim=False, rel
     search runs.  ``memory`` tells allocator retention from held bytes (``surface.retention``); ``trim`` runs
     ``malloc_trim(0)`` first (the route does once the worker is done).  ``release`` releases each survivor whose
     holder is known, through the release desk (on ComfyUI's prompt worker between prompts, waiting at most
-    ``release_wait_s`` for it), before the memory is read: ``releases``; the survivors are those left alive.
+    ``release_wait_s`` for it), before the memory is read: ``releases``; the survivors listed are those the releases
+    did not free.
     Blocking: the route runs the same steps with its waits on the event loop.
     """
     survey = take_survey(request, model_management, search_holders, release=release)
@@ -454,9 +458,9 @@ def release_survivors(pairs):
 
 def write_receipt(survey, releases, trim, release_note=None, release_state=None):
     """The receipt of a survey and its releases (see :func:`receipt`): the survivors listed are those its releases
-    did not free (a released model that died is not listed), and the memory is read after them.  ``release_state`` (only when a release was asked):
-    ``done``, ``withdrawn`` (a prompt ran past the timeout: nothing was cut) or ``not_run`` (the worker had not
-    finished freeing)."""
+    did not free (a released model that died is not listed), and the memory is read after them.
+    ``release_state`` (only when a release was asked): ``done``, ``withdrawn`` (a prompt ran past the timeout:
+    nothing was cut) or ``not_run`` (the worker had not finished freeing)."""
     request = survey.request
     gone = {release["model_id"] for release in releases if release["died"]}
     rows = [row for row, _record in survey.survivors if row["model_id"] not in gone]
