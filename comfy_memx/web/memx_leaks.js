@@ -26,7 +26,8 @@ export function releaseLines({ status, body, searched }) {
   if (status === 200 && receipt.outcome === "survivor") {
     const next = receipt.next_holder;
     return ["note", `Cut ${receipt.cut || "?"}, but the model is still ` +
-                    (next ? `held by ${next.path} (${next.package || "?"})` : "in memory (no other holder found yet)"),
+                    (next && next.path ? `held by ${next.path} (${next.package || "?"})`
+                                       : `in memory (${(next && next.note) || "no other holder found yet"})`),
             next && next.suggestion ? `Fix: ${next.suggestion}` : null];
   }
   if (status === 200) {
@@ -35,6 +36,10 @@ export function releaseLines({ status, body, searched }) {
             receipt.died ? "The model is gone from memory." : "The model is still in memory: something else refers to it."];
   }
   if (error === "changed") return ["error", "The cache changed since the search; nothing was cut. Search again."];
+  if (error === "prompt_running") {
+    return ["note", "A prompt is running; releases wait for it to end, and it did not end in time. Nothing was cut: " +
+                    "release again when the queue is idle.", message];
+  }
   if (error === "in_use") {
     return ["error", "In use by a running prompt or by ComfyUI; nothing was cut. Try after it finishes.", message];
   }

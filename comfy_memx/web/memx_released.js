@@ -41,7 +41,8 @@ function releaseCard(receipt) {
   if (kept.length) {
     const next = receipt.next_holder;
     pairs.push(["still held", `${kept.map((m) => m.model_id).join(", ")}` +
-      (next ? ` by ${next.path} (${next.package || "?"})` : " (no other holder found yet)")]);
+      (next && next.path ? ` by ${next.path} (${next.package || "?"})`
+                         : ` (${(next && next.note) || "no other holder found yet"})`)]);
   }
   return el("div", { class: "memx-card memx-released", "data-memx": "released", "data-model-id": receipt.model_id,
                      "data-trigger": receipt.trigger },

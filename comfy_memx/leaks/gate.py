@@ -1,18 +1,26 @@
-"""Bounded holder searches behind the routes: one at a time, within a CPU budget per minute.
+"""Bounded holder searches that nobody's prompt pays for: one at a time, within a CPU budget per minute.
 
-* **Executors.**  A gated search runs on the routes' work executor (``routekit.executors.work()``), never on the
-  event loop.
-* **One search at a time.**  :meth:`SearchGate.search` runs ``leaks.api.search_now`` under one process-wide lock;
-  a caller waits at most ``wait_s`` for it (HTTP: :data:`QUEUE_S`), then gets :class:`Busy` with the seconds to wait
-  (the route answers 429 with ``Retry-After``).  At most :data:`MAX_WAITING` callers wait; the next is refused at
-  once.
+Every holder search that runs outside a prompt's own ``COMFY_MEMX_LEAK_BUDGET`` allowance goes through this gate:
+the search route, a ``/memx/free`` receipt's survivors, the never-warned check that a free, an idle unload or a
+hand-off runs after its collection (``leaks.unwarned``), a release's search of a survivor's next holder and the
+``auto`` policy's searches before it tries a model again (``leaks.release``).  So whatever a caller without the
+token makes the server do (a loop of ``/memx/free``, say) costs at most ``COMFY_MEMX_SEARCH_CPU`` CPU seconds of
+searching per minute, counted by the gate's own books.
+
+* **One search at a time.**  :meth:`SearchGate.run` runs its work (a holder search:
+  ``leaks.watch.gated_search``) under one process-wide lock; a caller waits at
+  most ``wait_s`` for it (HTTP: :data:`QUEUE_S`), then gets :class:`Busy` with the seconds to wait (the routes
+  answer 429 with ``Retry-After``).  At most :data:`MAX_WAITING` callers wait; the next is refused at once.
 * **CPU budget.**  The thread CPU seconds of every gated search are taken from a bucket refilled at
   ``COMFY_MEMX_SEARCH_CPU`` per minute that holds at most one search's worth; an empty bucket refuses a search
   (:class:`Busy` with the seconds until it holds enough), and a search never gets more time than the bucket holds
-  (``search_now``'s ``budget_s``).
+  (the ``budget_s`` handed to the work).
+* **Executors.**  A gated search a route asks for runs on the routes' work executor (``routekit.executors.work()``),
+  never on the event loop; the others run where their caller runs (a receipt's thread, the prompt worker between
+  prompts), waiting at most the ``wait_s`` they pass.
 
-Lock rule: :attr:`SearchGate.lock` is taken only by HTTP-driven searches (never by a callback) and held across the
-search; the small ``_books`` lock is held for list arithmetic only.
+Lock rule: :attr:`SearchGate.lock` is taken only by these searches (never by a callback) and held across the
+search; the small ``_books`` lock is held for arithmetic only.
 """
 
 import collections
@@ -96,10 +104,16 @@ class SearchGate:
             self.counters["refused_busy"] += 1
             raise Busy("busy", self._retry_busy())
 
-    def search(self, record, ignore=(), wait_s=QUEUE_S):
-        """Run ``leaks.api.search_now(record, ignore, budget_s)`` when the lock and the CPU budget allow; raises
-        :class:`Busy` otherwise.  Blocking: call it on :func:`work`."""
-        from comfy_memx.leaks import api as leaks
+    def remember(self, record, found):
+        """Keep what a gated search of ``record``'s model found (``leaks.watch.gated_search``), for
+        :meth:`last_search`; dies with the record."""
+        self._last[record] = {"holder": found.get("holder"), "result": (found.get("search") or {}).get("result"),
+                              "time": time.time()}
+
+    def run(self, work, wait_s=QUEUE_S):
+        """Call ``work(budget_s)`` (a holder search that keeps within ``budget_s`` CPU seconds) when the lock and the
+        CPU budget allow, and charge the CPU seconds this thread spent in it to the budget; returns what ``work``
+        returned.  Raises :class:`Busy` when it cannot run within ``wait_s`` seconds or the budget is spent."""
         now = time.monotonic()
         if self.cpu_left(now) < MIN_SEARCH_S:
             self.counters["refused_budget"] += 1
@@ -125,10 +139,7 @@ class SearchGate:
             self._running_since = time.monotonic()
             cpu_before = time.thread_time()
             try:
-                found = leaks.search_now(record, ignore=ignore, budget_s=budget)
-                self._last[record] = {"holder": found.get("holder"), "result": (found.get("search") or {}).get("result"),
-                                      "time": time.time()}
-                return found
+                return work(budget)
             finally:
                 cpu = time.thread_time() - cpu_before
                 self._spend(cpu)
@@ -137,6 +148,13 @@ class SearchGate:
                 self._running_since = None
         finally:
             self.lock.release()
+
+    def charge(self, cpu):
+        """Count ``cpu`` seconds of a search that ran outside :meth:`run` and outside any prompt (a leak ComfyUI
+        warned about during a free, searched where ComfyUI's collection needs it) against the budget."""
+        self._spend(cpu)
+        self.counters["searches"] += 1
+        self.counters["cpu_seconds"] += cpu
 
     def last_search(self, record):
         """What the last gated search of ``record``'s model found: ``{"holder", "result", "time"}``, or None when
