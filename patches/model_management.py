@@ -7,10 +7,9 @@ full, refcounts), ``free_memory`` / ``unload_all_models`` / ``unload_model_and_c
 ``free_memory``, no ``unload_model_and_clones``) and 0.27.0 (6 parameters); every call site in ComfyUI goes through
 the module attribute, so a module ``setattr`` also catches calls made inside the module.
 # COMFY: ``cast_to`` is deliberately not wrapped: hook_breaker_ac10a0 restores it after custom nodes load.
-Signals fired (``comfy_memx.core.signals``): ``load_starting``/``load_ended``, ``model_loading``/``model_loaded``,
-``model_unloading``/``model_unloaded``, ``unload_scope_entered``/``unload_scope_exited``,
-``collect_starting``/``collect_ended``, ``model_management_patched``; the ledger, leaks, pins and sharing wings
-subscribe to them (their ``subscriptions.py``).
+Pairs run (``comfy_memx.core.signals``, each a before and an after half around ComfyUI's call): ``load``,
+``model_load``, ``model_unload``, ``unload_scope``, ``collect``; signal fired: ``model_management_patched``; the
+ledger, leaks, pins and sharing wings subscribe to them (their ``subscriptions.py``).
 Settings: ``COMFY_MEMX_LEAK_MODE`` (off disables the cleanup_models_gc work), ``COMFY_MEMX_DISABLE=model_management``.
 """
 
@@ -29,12 +28,14 @@ def _memx_load_models_gpu(mm, original, switch):
     def load_models_gpu(*args, **kwargs):
         if not switch.on:
             return original(*args, **kwargs)
-        # ComfyUI's own list object goes to the subscribers; no local of ours holds it (nor the models)
-        signals.load_starting.fire(mm, _models(args, kwargs), sys._getframe(1))
+        # ComfyUI's own list object goes to the subscribers; the pair keeps its models by weakref only
+        call = signals.load.before(mm, _models(args, kwargs), sys._getframe(1))
         try:
             return original(*args, **kwargs)
         finally:
-            signals.load_ended.fire(mm, _models(args, kwargs))
+            signals.load.after(call, mm, _models(args, kwargs))
+            del call   # the record dies now (the pin budget's protection of the load ends), even when ComfyUI's
+            #            exception keeps this frame in a traceback
     return load_models_gpu
 
 
@@ -42,10 +43,10 @@ def _memx_model_load(mm, original, switch):
     def model_load(self, *args, **kwargs):
         if not switch.on:
             return original(self, *args, **kwargs)
-        signals.model_loading.fire(self)
+        call = signals.model_load.before(self)
         start = perf_counter()
         result = original(self, *args, **kwargs)
-        signals.model_loaded.fire(self, perf_counter() - start, sys._getframe(1))
+        signals.model_load.after(call, self, perf_counter() - start, sys._getframe(1))
         return result
     return model_load
 
@@ -54,10 +55,10 @@ def _memx_model_unload(mm, original, switch):
     def model_unload(self, *args, **kwargs):
         if not switch.on:
             return original(self, *args, **kwargs)
-        signals.model_unloading.fire(self)
+        call = signals.model_unload.before(self)
         start = perf_counter()
         result = original(self, *args, **kwargs)
-        signals.model_unloaded.fire(self, result, perf_counter() - start, sys._getframe(1))
+        signals.model_unload.after(call, self, result, perf_counter() - start, sys._getframe(1))
         return result
     return model_unload
 
@@ -67,11 +68,11 @@ def _unload_scope(mm, original, switch, site):
     def wrapper(*args, **kwargs):
         if not switch.on:
             return original(*args, **kwargs)
-        signals.unload_scope_entered.fire(mm, site, sys._getframe(1))
+        call = signals.unload_scope.before(mm, site, sys._getframe(1))
         try:
             return original(*args, **kwargs)
         finally:
-            signals.unload_scope_exited.fire(mm, site)
+            signals.unload_scope.after(call, mm, site)
     return wrapper
 
 
@@ -91,11 +92,11 @@ def _memx_cleanup_models_gc(mm, original, switch):
     def cleanup_models_gc(*args, **kwargs):
         if not switch.on:
             return original(*args, **kwargs)
-        signals.collect_starting.fire(mm)
+        call = signals.collect.before(mm)
         try:
             return original(*args, **kwargs)
         finally:
-            signals.collect_ended.fire(mm)
+            signals.collect.after(call, mm)
     return cleanup_models_gc
 
 

@@ -197,20 +197,22 @@ def announce(force=False):
     log.info(startup_line(__version__, STATE.source, STATE.config.leak_mode))
 
 
-@signals.load_starting.subscribe
+@signals.load.subscribe
 def _announce_at_first_load(mm, models, caller_frame):
     """Programs that never import ``server`` get the startup line at their first model load."""
     announce()
 
 
-@signals.prompt_started.subscribe
+@signals.prompt.subscribe
 def _audit_at_prompt_start(prompt_id, prompt):
     """Notice replaced wrappers before a prompt runs (see :func:`audit`)."""
     audit()
 
 
-@signals.node_ended.subscribe
 def _audit_after_node(prompt_id, node_id, node):
     """Notice replaced wrappers after each node: a node may have replaced a site (ComfyUI-MultiGPU does, from its
     loaders)."""
     audit()
+
+
+signals.node.subscribe(after=_audit_after_node)

@@ -3,7 +3,8 @@ its modules can move without touching a caller.
 
 For its subscriptions (``cleanup_models_gc``): :func:`suspects` (the loaded
 entries whose patcher is gone while the module lives, before ComfyUI's collection), :func:`before_collect` and
-:func:`after_collect` (the report of the ones that survive it, then the ``auto`` release).
+:func:`after_collect` (the report of the ones that survive it) and :func:`release_automatically` (the ``auto``
+release).
 
 For its subscriptions (a full unload, then a collection point): :func:`note_unloaded` (the model left ComfyUI's
 loaded list: watch it by weakref), :func:`loaded_again` (ComfyUI loads it again: a leak found after its unload is
@@ -16,7 +17,6 @@ For the surface (what it shows and does about a leak): :func:`public_state` (a l
 :func:`check_unloaded` and :func:`record_searched` (a survivor its receipt searched, recorded as a leak when held).
 """
 
-from comfy_memx.core.state import STATE
 from comfy_memx.leaks import watch
 from comfy_memx.leaks.release import releasable_now, release, release_automatically  # noqa: F401
 from comfy_memx.leaks.unwarned import check as check_unloaded, loaded_again, note_unloaded  # noqa: F401
@@ -31,8 +31,6 @@ def search_now(record, ignore=(), budget_s=None):
 
 
 def after_collect(found):
-    """Report the suspects that survived ComfyUI's collection; under ``COMFY_MEMX_RELEASE=auto``, release the ones
-    an opted-in package holds, at once (``leaks.release``)."""
+    """Report the suspects that survived ComfyUI's collection (the ``auto`` release of the ones an opted-in package
+    holds is :func:`release_automatically`, a subscription of its own)."""
     watch.after_collect(found)
-    if STATE.config.release == "auto":
-        release_automatically([suspect.record for suspect in found])

@@ -1,11 +1,11 @@
 """The load in progress, protected from pin eviction: within one ``load_models_gpu`` nothing is unpinned and pinned
 again.
 
-Which models a load is loading comes from the model_management patch: its ``load_models_gpu`` wrapper keeps each
-call in ``STATE.stacks.loads`` (a ``LoadCall`` with the ``models`` argument) that dies when the call returns.  The
-budget protects a load (:meth:`~comfy_memx.pins.budget.PinBudget.begin_load`) from the first pin decision seen inside it
-until that LoadCall dies (weakref callback) or a pin is seen outside any load, whichever comes first, so no load
-outlives its call.  When the load ends the budget is settled to ComfyUI's counters, as models unloaded during the
+Which models a load is loading comes from the model_management patch: its ``load_models_gpu`` wrapper runs the
+``load`` pair (``comfy_memx.core.signals``), whose record of the call in progress (its ``models`` by weakref) the pair
+drops when the call returns.  The budget protects a load (:meth:`~comfy_memx.pins.budget.PinBudget.begin_load`) from
+the first pin decision seen inside it until that record dies (weakref callback) or a pin is seen outside any load,
+whichever comes first, so no load outlives its call.  When the load ends the budget is settled to ComfyUI's counters, as models unloaded during the
 load dropped their pins on paths comfy_memx does not wrap.  With the model_management patch disabled, only the
 requesting model is protected.
 
@@ -16,7 +16,7 @@ the weakref callback that takes it cannot deadlock.
 import threading
 import weakref
 
-from comfy_memx.core.state import STATE
+from comfy_memx.core import guard, pairs, signals
 from comfy_memx.pins import owners, reconcile
 from comfy_memx.pins.context import call, later_or_now, session
 
@@ -32,7 +32,7 @@ class ProtectedLoad:
         self.model_ids = model_ids
         self.budget = budget
         self.open = True
-        self.token_ref = weakref.ref(token, self._token_gone)
+        self.token_ref = weakref.ref(token, guard.callback("pins.load_ended", self._token_gone))
 
     def _token_gone(self, _ref):
         later_or_now(self.end)
@@ -57,8 +57,7 @@ def protected_ids():
 
 def sync_load_scope(state):
     """Make the budget's load protection follow this thread's innermost ``load_models_gpu`` call."""
-    loads = STATE.stacks.loads
-    load = loads[-1] if loads else None
+    load = signals.load.current()
     local = session().local
     current = getattr(local, "scope", None)
     if load is None:
@@ -70,7 +69,7 @@ def sync_load_scope(state):
         return
     if current is not None:
         current.end()
-    model_ids = [owners.patcher_model_id(p) for p in list(load.models or ()) if getattr(p, "model", None) is not None]
+    model_ids = [owners.patcher_model_id(p) for p in pairs.subjects(load) if getattr(p, "model", None) is not None]
     scope = ProtectedLoad(tuple(dict.fromkeys(model_ids)), state.budget, load)
     local.scope = scope
     call(state.budget.begin_load, scope.model_ids)

@@ -38,6 +38,7 @@ import json
 import logging
 
 from comfy_memx.core import registry
+from comfy_memx.core.errors import error_counts
 from comfy_memx.core.state import STATE
 from comfy_memx.leaks import api as leaks
 from comfy_memx.routekit import access, bodies, executors, numbers
@@ -88,13 +89,16 @@ class Handlers:
     async def status(self, request):
         """GET /memx/status: comfy_memx's version, how it was activated, its leak mode and every patch site's state
         (``patched``, ``skipped`` with its reason, or ``rewrapped``: another pack replaced it, comfy_memx wraps the
-        replacement), and the pinned bytes against the caps (``readmodel.pin_facts``, as in the metrics).  Nothing
-        of the settings' values beyond the leak mode and the pin cap in force."""
+        replacement), the pinned bytes against the caps (``readmodel.pin_facts``, as in the metrics) and
+        ``internal_errors``: comfy_memx's own errors by site (each logged once and swallowed; the
+        ``comfy_memx_internal_errors_total`` metric).  Nothing of the settings' values beyond the leak mode and the
+        pin cap in force."""
         from comfy_memx._version import __version__
         return answer({"version": __version__, "source": STATE.source, "leak_mode": STATE.config.leak_mode,
                       "release": STATE.config.release, "release_packages": list(STATE.config.release_packages),
                       "sites": registry.site_status(),
-                      "pins": readmodel.pin_facts()})
+                      "pins": readmodel.pin_facts(),
+                      "internal_errors": error_counts()})
 
     async def timeline(self, request):
         """GET /memx/timeline?since=N: the timeline entries numbered above N (``surface.timeline``; clipped and
