@@ -9,7 +9,8 @@ function raises an ``Exception``, what ComfyUI would do without comfy_memx (the 
 ``errors.internal_error`` under the kind ``"<facade>.<name> -> <module>.<function>"`` (logged once, counted,
 re-raised under the test policy); ``errors.UNCHANGED`` and every non-``Exception`` pass as they are.
 
-:func:`callback` is the same guard for a weakref callback or finalizer of a wing: what the interpreter calls there
+:func:`call` is the same guard for one bookkeeping step inside a wing's walk over ComfyUI's state, and :func:`callback`
+for a weakref callback or finalizer of a wing: what the interpreter calls there
 (a model's death, a call record's end) reports its errors like the rest.
 
 The guard is here, in core, written from the facade's table at import: a fault planted anywhere in the wing (the
@@ -66,6 +67,19 @@ def guarded(kind, fn, fallback):
     call.__doc__ = f"{label(fn)} behind the guard (answers {fallback!r} when it fails)."
     call.__wrapped__ = fn
     return call
+
+
+def call(kind, fn, *args):
+    """``fn(*args)`` behind the guard, for a wing's bookkeeping step that must not undo what came before it (an
+    eviction walk that already changed ComfyUI's pins): its answer, or None after an ``Exception`` (reported under
+    ``kind``)."""
+    try:
+        return fn(*args)
+    except UNCHANGED:
+        raise
+    except Exception as exc:
+        internal_error(kind, exc)
+        return None
 
 
 def callback(kind, fn):

@@ -70,3 +70,8 @@ def test_the_count_of_sites_is_bounded():
         errors.internal_error(f"site {number}", ValueError("x"))
     counts = errors.error_counts()
     assert len(counts) == errors.MAX_SITES + 1 and counts[errors.OTHER_SITE] == 5
+
+
+def test_a_guarded_step_answers_its_value_or_none_and_reports_under_its_kind():
+    assert guard.call("step", evict, "mm", 1) == ("mm", 1, False)
+    assert guard.call("step", evict, "mm", -1) is None and errors.error_counts() == {"step": 1}
