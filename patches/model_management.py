@@ -20,59 +20,63 @@ from comfy_memx.core import signals
 from comfy_memx.core.patching import Patch
 
 
-def _models(args, kwargs):
-    return args[0] if args else kwargs.get("models", ())
-
-
 def _memx_load_models_gpu(mm, original, switch):
+    load = signals.load
+
     def load_models_gpu(*args, **kwargs):
         if not switch.on:
             return original(*args, **kwargs)
         # ComfyUI's own list object goes to the subscribers; the pair keeps its models by weakref only
-        call = signals.load.before(mm, _models(args, kwargs), sys._getframe(1))
+        call = load.before(mm, args[0] if args else kwargs.get("models", ()), sys._getframe(1))
         try:
             return original(*args, **kwargs)
         finally:
-            signals.load.after(call, mm, _models(args, kwargs))
+            load.after(call, mm, args[0] if args else kwargs.get("models", ()))
             del call   # the record dies now (the pin budget's protection of the load ends), even when ComfyUI's
             #            exception keeps this frame in a traceback
     return load_models_gpu
 
 
 def _memx_model_load(mm, original, switch):
+    pair = signals.model_load
+
     def model_load(self, *args, **kwargs):
         if not switch.on:
             return original(self, *args, **kwargs)
-        call = signals.model_load.before(self)
+        call = pair.before(self)
         start = perf_counter()
         result = original(self, *args, **kwargs)
-        signals.model_load.after(call, self, perf_counter() - start, sys._getframe(1))
+        pair.after(call, self, perf_counter() - start, sys._getframe(1))
         return result
     return model_load
 
 
 def _memx_model_unload(mm, original, switch):
+    pair = signals.model_unload
+
     def model_unload(self, *args, **kwargs):
         if not switch.on:
             return original(self, *args, **kwargs)
-        call = signals.model_unload.before(self)
+        call = pair.before(self)
         start = perf_counter()
         result = original(self, *args, **kwargs)
-        signals.model_unload.after(call, self, result, perf_counter() - start, sys._getframe(1))
+        pair.after(call, self, result, perf_counter() - start, sys._getframe(1))
         return result
     return model_unload
 
 
 def _unload_scope(mm, original, switch, site):
     """A wrapper of ``site`` whose call is one unload scope: its subscribers choose the reason and note who asked."""
+    scope = signals.unload_scope
+
     def wrapper(*args, **kwargs):
         if not switch.on:
             return original(*args, **kwargs)
-        call = signals.unload_scope.before(mm, site, sys._getframe(1))
+        call = scope.before(mm, site, sys._getframe(1))
         try:
             return original(*args, **kwargs)
         finally:
-            signals.unload_scope.after(call, mm, site)
+            scope.after(call, mm, site)
     return wrapper
 
 
@@ -89,14 +93,16 @@ def _memx_unload_model_and_clones(mm, original, switch):
 
 
 def _memx_cleanup_models_gc(mm, original, switch):
+    collect = signals.collect
+
     def cleanup_models_gc(*args, **kwargs):
         if not switch.on:
             return original(*args, **kwargs)
-        call = signals.collect.before(mm)
+        call = collect.before(mm)
         try:
             return original(*args, **kwargs)
         finally:
-            signals.collect.after(call, mm)
+            collect.after(call, mm)
     return cleanup_models_gc
 
 

@@ -15,7 +15,7 @@ wing's *memo* (what its "after" needs: a byte count, a weakref, an id; None when
 do) leaves nothing and its "after" does nothing: one fault is reported once.  A subscription may have one half only
 (``subscribe(before)``, ``subscribe(after=fn)``: then ``fn(*after_args)``, without a memo).
 
-The pair owns the call's record (:class:`Call`), never the wing:
+The pair owns the call's record (a list: plan, caller id, subject weakrefs, stack, memos), never the wing:
 
 * it keeps only ids, weak references and the memos: the caller's frame as its id (:func:`caller` finds the frame
   again on the live stack while the call runs), the ``models`` argument as weak references to its items
@@ -44,36 +44,24 @@ import weakref
 from comfy_memx.core.errors import UNCHANGED, internal_error
 from comfy_memx.core.state import STATE
 
-HEADER = 3
-"""A record's first items: its plan, the caller frame's id (or None), the weak references of its subjects."""
-
-
-class Call(list):
-    """The record of one call of a stacked pair in progress: ``[plan, caller frame id, subject weakrefs, memo of
-    subscription 0, memo of subscription 1, ...]`` (a list, so that compiled code builds it in one step; weakly
-    referenceable, so that a wing can tell when the call is over)."""
-    __slots__ = ("__weakref__",)
-
-    def __eq__(self, other):
-        return self is other
-
-    __hash__ = object.__hash__
+HEADER = 4
+"""A record's first items: its plan, the caller frame's id (or None), the weak references of its subjects, the
+thread's stack it is on (None for a pair that is not stacked); the memos follow, one per subscription."""
 
 
 class Plan:
-    """The subscriptions of a pair at one moment and the two halves compiled from them (``before``, ``after``)."""
-    __slots__ = ("pair", "subscriptions", "before", "after")
+    """The subscriptions of a pair at one moment and the two halves compiled from them (``before``, ``after``);
+    ``slots`` maps each half to the index of its subscription's memo in a record."""
+    __slots__ = ("pair", "subscriptions", "slots", "before", "after")
 
     def __init__(self, pair, subscriptions):
         self.pair = pair
         self.subscriptions = subscriptions
-
-    def index(self, fn):
-        """The position of the subscription that ``fn`` is a half of, or None."""
-        for index, (before, after) in enumerate(self.subscriptions):
-            if before is fn or after is fn:
-                return index
-        return None
+        self.slots = {}
+        for index, halves in enumerate(subscriptions):
+            for fn in halves:
+                if fn is not None:
+                    self.slots.setdefault(fn, HEADER + index)
 
 
 def label(fn):
@@ -155,8 +143,23 @@ class Pair:
         """What the subscription that ``fn`` is a half of left in ``call`` (None: nothing, or no such call)."""
         if call is None:
             return None
-        index = call[0].index(fn)
-        return call[HEADER + index] if index is not None else None
+        slot = call[0].slots.get(fn)
+        return call[slot] if slot is not None else None
+
+    def innermost(self, fn):
+        """What the subscription that ``fn`` is a half of left in this thread's innermost call of this (stacked)
+        pair where it left something (not None), or None."""
+        calls = STATE.stacks.calls
+        index = len(calls)
+        while index:
+            index -= 1
+            call = calls[index]
+            plan = call[0]
+            if plan.pair is self:
+                slot = plan.slots.get(fn)
+                if slot is not None and call[slot] is not None:
+                    return call[slot]
+        return None
 
     def _recompile(self):
         plan = _compile(self, self._subscriptions)
@@ -250,10 +253,10 @@ def _before_source(pair, subscriptions, names):
     if not pair.stacked:
         lines += [f"    {slot} = None" for slot in slots if slot != "None"]
         lines += body or ["    pass"]
-        lines.append(f"    return (_PLAN, {caller_id}, {items}, {''.join(slot + ', ' for slot in slots)})")
+        lines.append(f"    return (_PLAN, {caller_id}, {items}, None{''.join(', ' + slot for slot in slots)})")
         return lines
-    lines += [f"    _call = _Call((_PLAN, {caller_id}, {items}, {''.join('None, ' for _slot in slots)}))",
-              "    _calls = _STATE.stacks.calls",
+    lines += ["    _calls = _STATE.stacks.calls",
+              f"    _call = [_PLAN, {caller_id}, {items}, _calls{''.join(', None' for _slot in slots)}]",
               "    _calls.append(_call)",
               "    try:"]
     lines += ["    " + line for line in body] or ["        pass"]
@@ -281,10 +284,11 @@ def _after_source(pair, subscriptions, names):
         return lines + (body or ["    pass"])
     lines.append("    try:")
     lines += ["    " + line for line in body] or ["        pass"]
-    lines += ["    finally:",
-              "        _call[1] = None   # the caller's frame may be gone soon: its id must name no other frame",
-              "        _calls = _STATE.stacks.calls",
-              "        if _calls and _calls[-1] is _call:",
+    lines.append("    finally:")
+    if "caller_frame" in pair.before_args:
+        lines.append("        _call[1] = None   # the caller's frame may be gone soon: its id must name no other frame")
+    lines += ["        _calls = _call[3]",
+              "        if _calls[-1] is _call:",
               "            _calls.pop()",
               "        else:",
               "            _unwind(_calls, _call)"]
@@ -295,7 +299,7 @@ def _compile(pair, subscriptions):
     """The :class:`Plan` of ``subscriptions``: its ``before`` and ``after`` are Python functions written for exactly
     these subscribers (one guarded call each, fixed arguments), compiled once per subscription change."""
     plan = Plan(pair, subscriptions)
-    names = {"_PLAN": plan, "_Call": Call, "_STATE": STATE, "_UNCHANGED": UNCHANGED,
+    names = {"_PLAN": plan, "_STATE": STATE, "_UNCHANGED": UNCHANGED,
              "_internal_error": internal_error, "_weak_items": weak_items, "_unwind": unwind, "_id": id}
     source = "\n".join(_before_source(pair, subscriptions, names) + _after_source(pair, subscriptions, names)) + "\n"
     filename = f"<comfy_memx pair {pair.name}>"

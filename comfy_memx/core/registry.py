@@ -70,6 +70,7 @@ def arm(cfg):
         patches.armed[name] = patch.target
         importhook.when_imported(patch.target, functools.partial(apply, name))
     importhook.when_imported(ANNOUNCE_AFTER, lambda _module: announce())
+    signals.load.subscribe(_announce_at_first_load)   # (again, when an earlier start announced)
 
 
 def apply(name, module):
@@ -189,11 +190,13 @@ def _module_level_originals():
 
 
 def announce(force=False):
-    """Log the startup line once."""
+    """Log the startup line once (then the first load of a program that never imports ``server`` has nothing to
+    announce: its subscription leaves the load path until the next :func:`arm`)."""
     patches = table()
     if patches.announced and not force:
         return
     patches.announced = True
+    signals.load.unsubscribe(_announce_at_first_load)
     log.info(startup_line(__version__, STATE.source, STATE.config.leak_mode))
 
 

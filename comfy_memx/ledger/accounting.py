@@ -1,13 +1,12 @@
 """Turns what the model-management wrappers observe into ledger updates and ``load``/``unload`` events.
 
-Unload reasons travel down the call chain with the ``unload_scope`` pair (``comfy_memx.core.signals``): the ledger's
-memo of each scope in progress is ``(reason, id of the frame that asked)``.  ``unload_all_models`` chooses
+Unload reasons travel down the call chain with the ``unload_scope`` pair (``comfy_memx.core.signals``), whose record
+of each scope in progress keeps the ledger's memo ``(reason, own)``: ``unload_all_models`` chooses its own reason,
 ``unload_all``, ``free_request`` (called by ComfyUI's prompt worker for POST /free) or ``oom`` (called while an
-out-of-memory exception is being handled); ``free_memory`` chooses ``memory_pressure`` unless an enclosing scope
-already chose a reason; ``LoadedModel.model_unload`` reads the innermost scope (``other`` when called directly, e.g.
-by a custom node).  The frame is the caller that entered the outermost scope, found again on the live stack by its
-id (``core.pairs.frame_on_stack``): ``ledger.causes`` turns it into ``requested_by`` only when an unload really
-happens.  A ``load_models_gpu`` call is the ``load`` pair's record (its models by weakref, its caller by id: what
+out-of-memory exception is being handled); ``free_memory`` is ``memory_pressure`` unless an enclosing scope already
+chose a reason; ``LoadedModel.model_unload`` reads them (``other`` outside any scope, e.g. called by a custom node).
+The frame is the caller that entered the outermost scope, found again on the live stack by the pair
+(``core.pairs.caller``): ``ledger.causes`` turns it into ``requested_by`` only when an unload really happens.  A ``load_models_gpu`` call is the ``load`` pair's record (its models by weakref, its caller by id: what
 memory-pressure causes and the pin budget, which spares them, read); the ledger's memo of it is a
 :class:`LoadBooks` (the entries loaded when it began, the full unloads seen during it), only when something was
 loaded, so that the entries the call dropped silently (a clone replacing its original) are reported when it
@@ -30,21 +29,18 @@ from comfy_memx.ledger.attribution import current_owner
 
 
 def enter_unload_scope(model_management, site, caller_frame):
-    """The ``unload_scope`` pair's "before" half: the memo ``(reason, frame id)`` of a scope entered by ``site``
-    (``free_memory``, ``unload_all_models``, ``unload_model_and_clones``) from ``caller_frame``.
-    ``unload_all_models`` chooses ``oom``, ``free_request`` or ``unload_all``; inside another scope the others keep
-    its reason, and every scope keeps the outermost one's frame."""
-    outer = _innermost_scope()
-    if site == "unload_all_models":
-        try:
-            reason = reason_for_unload_all(caller_frame, _oom_test(model_management))
-        except Exception as exc:
-            internal_error("unload reason", exc)
-            reason = "unload_all"
-        return (reason, outer[1]) if outer is not None else (reason, id(caller_frame))
-    if outer is not None:
-        return outer
-    return UNLOAD_SCOPE_REASONS.get(site, "other"), id(caller_frame)
+    """The ``unload_scope`` pair's "before" half: the memo ``(reason, own)`` of a scope that ``site`` enters
+    (``free_memory``, ``unload_all_models``, ``unload_model_and_clones``) from ``caller_frame``.  ``unload_all_models``
+    chooses its own reason (``own``): ``oom``, ``free_request`` or ``unload_all``; the others keep an enclosing
+    scope's (their reason counts only when no scope encloses them).  Every scope keeps the outermost one's frame
+    (the pair's record of it): see :func:`current_cause`."""
+    if site != "unload_all_models":
+        return UNLOAD_SCOPE_REASONS.get(site, "other"), False
+    try:
+        return reason_for_unload_all(caller_frame, _oom_test(model_management)), True
+    except Exception as exc:
+        internal_error("unload reason", exc)
+        return "unload_all", True
 
 
 def exit_unload_scope(scope, model_management, site):
@@ -65,14 +61,21 @@ def _oom_test(mm):
     return (lambda exc: isinstance(exc, oom_type)) if isinstance(oom_type, type) else None
 
 
-def _innermost_scope():
-    """``(reason, frame id)`` of this thread's innermost unload scope whose "before" half worked, or None."""
+def scope_of_unloads():
+    """``(reason, frame)`` of the unloads happening now on this thread: the reason of the outermost unload scope whose
+    "before" half worked, or of an ``unload_all_models`` inside it, and the frame that entered the outermost one;
+    None outside any scope."""
     scopes = signals.unload_scope
-    for call in reversed(scopes.calls()):
+    found = None
+    for call in scopes.calls():
         scope = scopes.memo(call, enter_unload_scope)
-        if scope is not None:
-            return scope
-    return None
+        if scope is None:
+            continue
+        if found is None:
+            found = [scope[0], pairs.caller(call)]
+        elif scope[1]:
+            found[0] = scope[0]
+    return found
 
 
 class LoadBooks:
@@ -119,11 +122,7 @@ def note_unloaded(module_ref):
 
 def current_cause(caller_frame):
     """``(reason, requested_by)`` of an unload happening now; ``caller_frame`` asked when no scope is open."""
-    scope = _innermost_scope()
-    if scope is None:
-        reason, frame = "other", caller_frame
-    else:
-        reason, frame = scope[0], pairs.frame_on_stack(scope[1])
+    reason, frame = scope_of_unloads() or ("other", caller_frame)
     return reason, causes.requested_by(reason, frame, current_load())
 
 

@@ -67,8 +67,7 @@ def begin_prompt(prompt_id, prompt):
 
 
 def _current():
-    prompts = signals.prompt
-    return prompts.memo(prompts.current(), begin_prompt)
+    return signals.prompt.innermost(begin_prompt)
 
 
 def current_prompt_id():
