@@ -116,12 +116,13 @@ def pin_path(mm, answers):
 
 
 def pin_path_038(mm, answers):
-    """0.38's pins (the 0.27.0 stand-in with ``fake_comfy.v0_38_pins``): per-subset layer pins, ComfyUI's own tiered
-    eviction (booked, not reordered), a pin that ComfyUI unregistered and ``get_pin`` registers again, a tensor pin
-    with ``evict_active``, a node's cast buffers."""
+    """0.38's pins (the 0.27.0 stand-in with ``fake_comfy.v0_38_pins``, no server: the first load logs the startup
+    line): a load, per-subset layer pins, ComfyUI's own tiered eviction (booked, not reordered), a pin that ComfyUI
+    unregistered and ``get_pin`` registers again, a tensor pin with ``evict_active``, a node's cast buffers."""
     import comfy.pinned_memory as pm
     import torch
     from fake_comfy import v0_38_pins
+    answers.append(answer(mm.load_models_gpu, [make_patcher(2, 64)]))   # no server imported: the startup line now
     first, second = v0_38_pins.DynamicPatcher(mm, layers=2), v0_38_pins.DynamicPatcher(mm, layers=2)
     v0_38_pins.loaded(mm, second, first)
     for patcher in (first, second):
