@@ -26,15 +26,16 @@ The pair owns the call's record (a list: plan, caller id, subject weakrefs, stac
   in ``after`` whatever its subscribers do (a ``finally``; a ``before`` that is interrupted removes it too); a pair
   that is not stacked keeps its record nowhere but in the wrapper's local, which dies with the call.
 
-Every half runs under the guard of :meth:`comfy_memx.core.signals.Signal.fire`: an ``Exception`` goes to
-``errors.internal_error`` under the kind ``"<pair>.<half> -> <module>.<function>"`` and the next subscriber still
-runs; ``errors.UNCHANGED`` and every non-``Exception`` propagate as they are.  Subscribers run in subscription
-order in both halves (the bootstrap imports core's subscriptions first, then the wings' in name order).
+Every half runs under the same guard as a signal's subscribers (:meth:`comfy_memx.core.signals.Signal.fire`): an
+``Exception`` goes to ``errors.internal_error`` under the kind ``"<pair>.<half> -> <module>.<function>"`` and the
+next subscriber still runs; ``errors.UNCHANGED`` and every non-``Exception`` propagate as they are.  Subscribers run
+in subscription order in both halves (the bootstrap imports core's subscriptions first, then the wings' in name
+order).
 
 The two halves are compiled from the subscriptions (:func:`_compile`, at every subscription change): one straight
-line of guarded calls with a fixed argument list, so a wrapper whose subscribers have nothing to do costs what the
-bench's pass-through target allows (``bench/wrappers.py``).  A call begun before a subscription changed is finished
-by the halves it began with.  Nothing here imports a wing, torch or ComfyUI.
+line of guarded calls with a fixed argument list and no loop, so that a wrapper whose subscribers have nothing to do
+costs little (``bench/wrappers.py`` measures it).  A call begun before a subscription changed is finished by the
+halves it began with.  Nothing here imports a wing, torch or ComfyUI.
 """
 
 import linecache

@@ -35,7 +35,6 @@ baseline worlds, the seconds.  Exit status 0 when nothing failed, 1 when somethi
 import argparse
 import asyncio
 import gc
-import importlib.util
 import inspect
 import json
 import logging
@@ -187,10 +186,10 @@ class World:
     def _stand_in_registration(self):
         """bench/pin_invariant.py's stand-ins: a recorder for cudaHostRegister, comfy-aimdo's allocator, a ``meta``
         load device with room, and the pin cap ComfyUI sets on an NVIDIA machine (comfy_memx adopts it)."""
-        spec = importlib.util.spec_from_file_location("memx_pin_invariant", os.path.join(ROOT, "bench",
-                                                                                        "pin_invariant.py"))
-        invariant = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(invariant)
+        import comfy_memx  # noqa: F401  (the installed one, before the checkout joins the path for its bench package)
+        if ROOT not in sys.path:
+            sys.path.append(ROOT)
+        from bench import pin_invariant as invariant
         torch, mm = self.torch, self.mm
         import comfy.ops
         import comfy.pinned_memory
