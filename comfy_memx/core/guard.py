@@ -9,9 +9,9 @@ function raises an ``Exception``, what ComfyUI would do without comfy_memx (the 
 ``errors.internal_error`` under the kind ``"<facade>.<name> -> <module>.<function>"`` (logged once, counted,
 re-raised under the test policy); ``errors.UNCHANGED`` and every non-``Exception`` pass as they are.
 
-:func:`call` is the same guard for one bookkeeping step inside a wing's walk over ComfyUI's state, and :func:`callback`
-for a weakref callback or finalizer of a wing: what the interpreter calls there
-(a model's death, a call record's end) reports its errors like the rest.
+:func:`call` is the same guard for one bookkeeping step inside a wing's walk over ComfyUI's state, and
+:func:`callback` for a weakref callback or finalizer of a wing: what the interpreter calls there (a model's death)
+reports its errors like the rest.
 
 The guard is here, in core, written from the facade's table at import: a fault planted anywhere in the wing (the
 fault suite plants one in every function a wing defines) meets it.  Each guarded call is compiled with the wrapped
@@ -23,7 +23,14 @@ import inspect
 from comfy_memx.core.errors import UNCHANGED, internal_error
 from comfy_memx.core.pairs import label
 
-FAILED = type("Failed", (), {"__repr__": lambda self: "FAILED", "__slots__": ()})()
+class _Failed:
+    __slots__ = ()
+
+    def __repr__(self):
+        return "FAILED"
+
+
+FAILED = _Failed()
 """A fallback meaning "the wing failed: run ComfyUI's own code" (for calls with no answer of their own)."""
 
 FACADES = []

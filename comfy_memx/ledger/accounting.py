@@ -36,6 +36,8 @@ def enter_unload_scope(model_management, site, caller_frame):
     (the pair's record of it): see :func:`current_cause`."""
     if site != "unload_all_models":
         return UNLOAD_SCOPE_REASONS.get(site, "other"), False
+    if sys.exc_info()[1] is None:   # no exception being handled (the common case): no out-of-memory to test for
+        return _caller_reason(caller_frame), True
     try:
         return reason_for_unload_all(caller_frame, _oom_test(model_management)), True
     except Exception as exc:
@@ -135,6 +137,11 @@ def reason_for_unload_all(caller_frame, oom_test):
                 return "oom"
         except Exception:
             pass
+    return _caller_reason(caller_frame)
+
+
+def _caller_reason(caller_frame):
+    """``free_request`` when ComfyUI's prompt worker called, else ``unload_all``."""
     if caller_frame is not None and caller_frame.f_code.co_name == "prompt_worker":
         return "free_request"
     return "unload_all"
