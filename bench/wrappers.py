@@ -15,8 +15,9 @@ The wings' subscriptions are loaded first, as the bootstrap does, so each wrappe
 knows (a clone), see :func:`patcher_records`.
 
 ``dispatch_added_us`` is what one signal costs over the guarded direct call it replaces (``try: f(x) except
-Exception: internal_error``), for one subscriber and one argument: the figure that decides whether the per-layer pin
-path may dispatch (it may not when the dispatch costs over 0.1 us per call).
+Exception: internal_error``), for one subscriber and one argument; ``facade_added_us`` what a call through a guarded
+facade (``comfy_memx.core.guard``, as the per-layer pin path calls the pin budget) costs over the same guarded direct
+call: both at most 0.1 us per call.
 """
 
 import os
@@ -55,18 +56,36 @@ def _guarded_direct(fn):
 
 
 def dispatch_records(number, rounds):
-    """Records ``{"case": "overhead", "metric": "dispatch_added_us"}``: one ``Signal.fire`` with one subscriber over
-    the guarded direct call of the same function."""
+    """Records ``{"case": "overhead", "metric": "dispatch_added_us"}`` (one ``Signal.fire`` with one subscriber) and
+    ``"facade_added_us"`` (one call through a guarded facade), each over the guarded direct call of the same
+    function."""
     from comfy_memx.core.signals import Signal
     signal = Signal("bench", "one no-op subscriber")
     signal.subscribe(_noop)
     guarded = _guarded_direct(_noop)
     direct = timeit.Timer(lambda: guarded(1))
     fired = timeit.Timer(lambda: signal.fire(1))
+    facade = _facade()
+    through = timeit.Timer(lambda: facade.noop(1))
     times = common.interleaved({"direct": lambda: direct.timeit(number), "fired": lambda: fired.timeit(number),
+                                "facade": lambda: through.timeit(number),
                                 "direct_again": lambda: direct.timeit(number)}, rounds)
     return [common.difference_record("overhead", "dispatch_added_us", times["fired"], times["direct"],
-                                     times["direct_again"], per=number, site="one subscriber", target_max=0.1)]
+                                     times["direct_again"], per=number, site="one subscriber", target_max=0.1),
+            common.difference_record("overhead", "facade_added_us", times["facade"], times["direct"],
+                                     times["direct_again"], per=number, site="one guarded call", target_max=0.1)]
+
+
+def _facade():
+    """A guarded facade of one no-op (left out of the facades the fault suite enumerates)."""
+    from comfy_memx.core import guard
+    facade = guard.Facade("bench", {"noop": (_one, None)})
+    guard.FACADES.remove(facade)
+    return facade
+
+
+def _one(value):
+    return None
 
 
 CLONE_TARGET_US = 2.0
@@ -107,7 +126,7 @@ def patcher_records(number, rounds):
 
 def run(quick=False):
     """Records ``{"case": "overhead", "metric": "wrapper_added_us", "site": ...}`` for each wrapped site, and the
-    dispatch record."""
+    dispatch and facade records."""
     from comfy_memx.core import registry
     from comfy_memx.core.state import STATE
     from comfy_memx.core.wrapping import Switch

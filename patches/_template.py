@@ -1,9 +1,10 @@
 """Template of a comfy_memx patch module (copy this shape; the contract is in ``comfy_memx.core.patching``).
 
 What it wraps and why, which ComfyUI versions were checked, which signals it fires and which settings change it go
-in this docstring.  A patch module holds its sites and their wrappers, and each wrapper fires one signal of
-``comfy_memx.core.signals`` per phase of its ComfyUI event: it imports only ``comfy_memx.core``, and the
-bookkeeping itself lives in the wings that subscribe (``comfy_memx/<wing>/subscriptions.py``), never here.
+in this docstring.  A patch module holds its sites and their wrappers, and each wrapper runs one pair of
+``comfy_memx.core.signals`` around its ComfyUI call (or fires one signal for a one-phase event): it imports only
+``comfy_memx.core``, and the bookkeeping itself lives in the wings that subscribe
+(``comfy_memx/<wing>/subscriptions.py``), never here.
 """
 
 import sys
@@ -16,11 +17,11 @@ def _memx_some_function(module, original, switch):
     def some_function(*args, **kwargs):
         if not switch.on:
             return original(*args, **kwargs)
-        signals.some_starting.fire(module, sys._getframe(1))   # one signal per phase; the guard is fire's
+        call = signals.some_call.before(module, sys._getframe(1))   # the pair's halves; the guard is the pair's
         try:
             return original(*args, **kwargs)
         finally:
-            signals.some_ended.fire(module)
+            signals.some_call.after(call, module)
     return some_function
 
 

@@ -20,20 +20,34 @@ booked exactly.  Budgeting starts only once the ``pinned_memory`` patch has appl
 The disable switch is ComfyUI's own (0.38 ``DISABLE_PINNED_MEMORY``, before ``--disable-pinned-memory``).
 Checked against ComfyUI 0.27.0 and 0.33.0 (real trees, registration faked) and the 0.38 sources; 0.3.64 has no
 ``comfy.pinned_memory``.
+Every call into the pin wing goes through ``comfy_memx.pins.facade``, whose guard answers what ComfyUI does alone
+when the wing fails.
 Settings: ``COMFY_MEMX_PIN_LIMIT``, ``COMFY_MEMX_PIN_SCOPE``, ``COMFY_MEMX_DISABLE=dynamic_pins``.
 """
 
 import sys
 
-from comfy_memx.core.errors import internal_error
 from comfy_memx.core.patching import Patch
-from comfy_memx.pins import api as pins
+from comfy_memx.pins.facade import PINS as pins, REFUSED
 
 
 def _call_parts(args, kwargs):
-    module = args[0] if args else kwargs["module"]
+    module = args[0] if args else kwargs.get("module")
     subset = args[1] if len(args) > 1 else kwargs.get("subset", "weights")
     return module, subset
+
+
+def _granted(grant, refused_answer, original, args, kwargs):
+    """Carry out one pin decision (taken under the decision lock): REFUSED answers ``refused_answer`` as ComfyUI
+    does when it cannot pin, None calls ComfyUI unbudgeted, a grant calls ComfyUI and books what it registered."""
+    if grant is REFUSED:
+        return refused_answer
+    if grant is None:
+        return original(*args, **kwargs)
+    try:
+        return original(*args, **kwargs)
+    finally:
+        pins.after_layer_pin(grant)
 
 
 def _memx_pin_memory(pm, original, switch):
@@ -45,31 +59,21 @@ def _memx_pin_memory(pm, original, switch):
         if lock is None:
             return original(*args, **kwargs)
         with lock:
-            grant = None
-            try:
-                module, subset = _call_parts(args, kwargs)
-                size = args[2] if len(args) > 2 else kwargs.get("size")
-                grant = pins.before_layer_pin(module, subset, size)
-            except Exception as exc:
-                internal_error("dynamic pin budget", exc)
-            return pins.call_granted(grant, False, _after_layer_pin, original, args, kwargs)
+            module, subset = _call_parts(args, kwargs)
+            size = args[2] if len(args) > 2 else kwargs.get("size")
+            grant = pins.before_layer_pin(module, subset, size) if module is not None else None
+            return _granted(grant, False, original, args, kwargs)
     return pin_memory
-
-
-def _after_layer_pin(grant, result):
-    pins.after_layer_pin(grant)
 
 
 def _memx_get_pin(pm, original, switch):
     def get_pin(*args, **kwargs):
         if not switch.on:
             return original(*args, **kwargs)
-        try:
-            module, subset = _call_parts(args, kwargs)
-            pin, registered = pins.layer_pin(module, subset)
-        except Exception as exc:
-            internal_error("dynamic pin lookup", exc)
+        module, subset = _call_parts(args, kwargs)
+        if module is None:
             return original(*args, **kwargs)
+        pin, registered = pins.layer_pin(module, subset)
         if pin is None or registered:
             return original(*args, **kwargs)
         mm = sys.modules.get("comfy.model_management")
@@ -79,12 +83,7 @@ def _memx_get_pin(pm, original, switch):
         if lock is None:
             return original(*args, **kwargs)
         with lock:
-            grant = None
-            try:
-                grant = pins.before_reregister(module, subset)
-            except Exception as exc:
-                internal_error("dynamic pin budget", exc)
-            return pins.call_granted(grant, pin, _after_layer_pin, original, args, kwargs)
+            return _granted(pins.before_reregister(module, subset), pin, original, args, kwargs)
     return get_pin
 
 

@@ -19,10 +19,10 @@ Sites:
   the queued releases (``leaks.release.desk``; nothing queued: one attribute read).  # COMFY: the worker calls
   ``get_flags`` after every prompt and whenever ``q.get`` returns without one (woken, or its timeout).
 
-Signals fired (``comfy_memx.core.signals``): ``prompt_started``/``prompt_ended``, ``node_starting``/``node_ended``,
-``free_flag_set``, ``flags_reading``, ``flags_served``, ``cache_reset``; core (the replaced-wrapper audit), the
-ledger (prompts, nodes, who set a free flag), the leak wing (the release desk), sharing (activity, for the idle
-unload) and the surface (the free-request desk) subscribe.
+Pairs run (``comfy_memx.core.signals``): ``prompt``, ``node``; signals fired: ``free_flag_set``, ``flags_reading``,
+``flags_served``, ``cache_reset``; core (the replaced-wrapper audit), the ledger (prompts, nodes, who set a free flag),
+the leak wing (the release desk), sharing (activity, for the idle unload) and the surface (the free-request desk)
+subscribe.
 Settings: ``COMFY_MEMX_DISABLE=execution`` (no class_type in owners; ``/memx/free`` cannot follow the worker).
 """
 
@@ -44,21 +44,21 @@ def _memx_execute_async(module, original, switch):
         async def execute_async(self, *args, **kwargs):
             if not switch.on:
                 return await original(self, *args, **kwargs)
-            signals.prompt_started.fire(*_prompt_arguments(args, kwargs))
+            call = signals.prompt.before(*_prompt_arguments(args, kwargs))
             try:
                 return await original(self, *args, **kwargs)
             finally:
-                signals.prompt_ended.fire()
+                signals.prompt.after(call)
         return execute_async
 
     def execute_async_sync(self, *args, **kwargs):
         if not switch.on:
             return original(self, *args, **kwargs)
-        signals.prompt_started.fire(*_prompt_arguments(args, kwargs))
+        call = signals.prompt.before(*_prompt_arguments(args, kwargs))
         try:
             return original(self, *args, **kwargs)
         finally:
-            signals.prompt_ended.fire()
+            signals.prompt.after(call)
     return execute_async_sync
 
 
@@ -75,21 +75,21 @@ def _memx_get_output_data(module, original, switch):
         async def get_output_data(*args, **kwargs):
             if not switch.on:
                 return await original(*args, **kwargs)
-            signals.node_starting.fire(*_node_arguments(args, kwargs))
+            call = signals.node.before(*_node_arguments(args, kwargs))
             try:
                 return await original(*args, **kwargs)
             finally:
-                signals.node_ended.fire(*_node_arguments(args, kwargs))
+                signals.node.after(call, *_node_arguments(args, kwargs))
         return get_output_data
 
     def get_output_data_sync(*args, **kwargs):
         if not switch.on:
             return original(*args, **kwargs)
-        signals.node_starting.fire(*_node_arguments(args, kwargs))
+        call = signals.node.before(*_node_arguments(args, kwargs))
         try:
             return original(*args, **kwargs)
         finally:
-            signals.node_ended.fire(*_node_arguments(args, kwargs))
+            signals.node.after(call, *_node_arguments(args, kwargs))
     return get_output_data_sync
 
 

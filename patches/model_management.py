@@ -7,10 +7,9 @@ full, refcounts), ``free_memory`` / ``unload_all_models`` / ``unload_model_and_c
 ``free_memory``, no ``unload_model_and_clones``) and 0.27.0 (6 parameters); every call site in ComfyUI goes through
 the module attribute, so a module ``setattr`` also catches calls made inside the module.
 # COMFY: ``cast_to`` is deliberately not wrapped: hook_breaker_ac10a0 restores it after custom nodes load.
-Signals fired (``comfy_memx.core.signals``): ``load_starting``/``load_ended``, ``model_loading``/``model_loaded``,
-``model_unloading``/``model_unloaded``, ``unload_scope_entered``/``unload_scope_exited``,
-``collect_starting``/``collect_ended``, ``model_management_patched``; the ledger, leaks, pins and sharing wings
-subscribe to them (their ``subscriptions.py``).
+Pairs run (``comfy_memx.core.signals``, each a before and an after half around ComfyUI's call): ``load``,
+``model_load``, ``model_unload``, ``unload_scope``, ``collect``; signal fired: ``model_management_patched``; the
+ledger, leaks, pins and sharing wings subscribe to them (their ``subscriptions.py``).
 Settings: ``COMFY_MEMX_LEAK_MODE`` (off disables the cleanup_models_gc work), ``COMFY_MEMX_DISABLE=model_management``.
 """
 
@@ -21,57 +20,63 @@ from comfy_memx.core import signals
 from comfy_memx.core.patching import Patch
 
 
-def _models(args, kwargs):
-    return args[0] if args else kwargs.get("models", ())
-
-
 def _memx_load_models_gpu(mm, original, switch):
+    load = signals.load
+
     def load_models_gpu(*args, **kwargs):
         if not switch.on:
             return original(*args, **kwargs)
-        # ComfyUI's own list object goes to the subscribers; no local of ours holds it (nor the models)
-        signals.load_starting.fire(mm, _models(args, kwargs), sys._getframe(1))
+        # ComfyUI's own list object goes to the subscribers; the pair keeps its models by weakref only
+        call = load.before(mm, args[0] if args else kwargs.get("models", ()), sys._getframe(1))
         try:
             return original(*args, **kwargs)
         finally:
-            signals.load_ended.fire(mm, _models(args, kwargs))
+            load.after(call, mm, args[0] if args else kwargs.get("models", ()))
+            del call   # the record dies now (the pin budget's protection of the load ends), even when ComfyUI's
+            #            exception keeps this frame in a traceback
     return load_models_gpu
 
 
 def _memx_model_load(mm, original, switch):
+    pair = signals.model_load
+
     def model_load(self, *args, **kwargs):
         if not switch.on:
             return original(self, *args, **kwargs)
-        signals.model_loading.fire(self)
+        call = pair.before(self)
         start = perf_counter()
         result = original(self, *args, **kwargs)
-        signals.model_loaded.fire(self, perf_counter() - start, sys._getframe(1))
+        pair.after(call, self, perf_counter() - start, sys._getframe(1))
         return result
     return model_load
 
 
 def _memx_model_unload(mm, original, switch):
+    pair = signals.model_unload
+
     def model_unload(self, *args, **kwargs):
         if not switch.on:
             return original(self, *args, **kwargs)
-        signals.model_unloading.fire(self)
+        call = pair.before(self)
         start = perf_counter()
         result = original(self, *args, **kwargs)
-        signals.model_unloaded.fire(self, result, perf_counter() - start, sys._getframe(1))
+        pair.after(call, self, result, perf_counter() - start, sys._getframe(1))
         return result
     return model_unload
 
 
 def _unload_scope(mm, original, switch, site):
     """A wrapper of ``site`` whose call is one unload scope: its subscribers choose the reason and note who asked."""
+    scope = signals.unload_scope
+
     def wrapper(*args, **kwargs):
         if not switch.on:
             return original(*args, **kwargs)
-        signals.unload_scope_entered.fire(mm, site, sys._getframe(1))
+        call = scope.before(mm, site, sys._getframe(1))
         try:
             return original(*args, **kwargs)
         finally:
-            signals.unload_scope_exited.fire(mm, site)
+            scope.after(call, mm, site)
     return wrapper
 
 
@@ -88,14 +93,16 @@ def _memx_unload_model_and_clones(mm, original, switch):
 
 
 def _memx_cleanup_models_gc(mm, original, switch):
+    collect = signals.collect
+
     def cleanup_models_gc(*args, **kwargs):
         if not switch.on:
             return original(*args, **kwargs)
-        signals.collect_starting.fire(mm)
+        call = collect.before(mm)
         try:
             return original(*args, **kwargs)
         finally:
-            signals.collect_ended.fire(mm)
+            collect.after(call, mm)
     return cleanup_models_gc
 
 

@@ -15,7 +15,8 @@ on itself (an NVIDIA or AMD GPU and no ``--disable-pinned-memory``; on CPU-only 
 the cap with its source; ``unpatch`` puts ComfyUI's value back.  Checked against ComfyUI 0.27.0 and 0.33.0 (real
 trees, with the registration call faked: tests/real/test_real_pins.py), the 0.38 sources (pin_memory's new argument and
 return, the fast subsets), and 0.3.64 (no pinning: every site is skipped as absent).  The DynamicVRAM pin itself is
-``comfy_memx.patches.dynamic_pins``.
+``comfy_memx.patches.dynamic_pins``.  Every call into the pin wing goes through ``comfy_memx.pins.facade``, whose
+guard answers what ComfyUI does alone when the wing fails (not budgeted, its own eviction walk, no bookkeeping).
 Settings: ``COMFY_MEMX_PIN_LIMIT`` (auto, off, a size or a percentage of RAM), ``COMFY_MEMX_PIN_SCOPE``
 (process or host), ``COMFY_MEMX_DISABLE=pinned_memory``.
 """
@@ -23,11 +24,17 @@ Settings: ``COMFY_MEMX_PIN_LIMIT`` (auto, off, a size or a percentage of RAM), `
 import logging
 import sys
 
-from comfy_memx.core.errors import internal_error
 from comfy_memx.core.patching import Patch
-from comfy_memx.pins import api as pins
+from comfy_memx.pins.facade import FAILED, PINS as pins, REFUSED
 
 log = logging.getLogger("comfy_memx")
+
+
+def _tensor_pin_request(args, kwargs, caller):
+    """The budget's answer to one ``pin_memory(tensor, evict_active=True)`` call (a grant, REFUSED or None)."""
+    tensor = args[0] if args else kwargs["tensor"]
+    evict_active = args[1] if len(args) > 1 else kwargs.get("evict_active", True)
+    return pins.before_tensor_pin(tensor, caller, evict_active)
 
 
 def _memx_pin_memory(mm, original, switch):
@@ -38,32 +45,28 @@ def _memx_pin_memory(mm, original, switch):
         if lock is None:
             return original(*args, **kwargs)
         with lock:
-            grant = None
+            grant = _tensor_pin_request(args, kwargs, sys._getframe(1)) if args or "tensor" in kwargs else None
+            if grant is REFUSED:
+                return False   # COMFY: what pin_memory answers when it cannot pin
+            if grant is None:
+                return original(*args, **kwargs)
+            result = False
             try:
-                tensor = args[0] if args else kwargs["tensor"]
-                evict_active = args[1] if len(args) > 1 else kwargs.get("evict_active", True)
-                grant = pins.before_tensor_pin(tensor, sys._getframe(1), evict_active)
-            except Exception as exc:
-                internal_error("pin budget", exc)
-            return pins.call_granted(grant, False, pins.after_tensor_pin, original, args, kwargs)
+                result = original(*args, **kwargs)
+                return result
+            finally:
+                pins.after_tensor_pin(grant, result)
     return pin_memory
 
 
 def _memx_unpin_memory(mm, original, switch):
     def unpin_memory(*args, **kwargs):
-        if not switch.on or not pins.budgeted(mm):
+        if not switch.on or not pins.budgeted(mm) or not (args or "tensor" in kwargs):
             return original(*args, **kwargs)
-        known = None
-        try:
-            known = pins.before_tensor_unpin(args[0] if args else kwargs["tensor"])
-        except Exception as exc:
-            internal_error("pin budget", exc)
+        known = pins.before_tensor_unpin(args[0] if args else kwargs["tensor"])
         result = original(*args, **kwargs)
         if known is not None:
-            try:
-                pins.after_tensor_unpin(known, result)
-            except Exception as exc:
-                internal_error("pin budget", exc)
+            pins.after_tensor_unpin(known, result)
         return result
     return unpin_memory
 
@@ -71,10 +74,7 @@ def _memx_unpin_memory(mm, original, switch):
 def _memx_pin_check(mm, original, switch):
     def pin_check(*args, **kwargs):
         if switch.on and pins.budgeted(mm):
-            try:
-                pins.note_pin_check()
-            except Exception as exc:
-                internal_error("pin load tracking", exc)
+            pins.note_pin_check()
         return original(*args, **kwargs)
     return pin_check
 
@@ -94,10 +94,7 @@ def _booked(original, reason, call_args, call_kwargs):
     try:
         return original(*call_args, **call_kwargs)
     finally:
-        try:
-            pins.after_comfyui_eviction(reason)
-        except Exception as exc:
-            internal_error("pin eviction bookkeeping", exc)
+        pins.after_comfyui_eviction(reason)
 
 
 def _mru_instead(mm, original, switch, parameters, defaults, reason, mru):
@@ -110,11 +107,8 @@ def _mru_instead(mm, original, switch, parameters, defaults, reason, mru):
         call = _arguments(args, kwargs, parameters, defaults) if pins.reorders_eviction(mm) else None
         if call is None:
             return _booked(original, reason, args, kwargs)
-        try:
-            return mru(mm, *call)
-        except Exception as exc:
-            internal_error(f"MRU {original.__name__}", exc)
-            return _booked(original, reason, args, kwargs)
+        answer = mru(mm, *call)
+        return _booked(original, reason, args, kwargs) if answer is FAILED else answer
     return evict
 
 
@@ -144,10 +138,7 @@ def _memx_reset_cast_buffers(mm, original, switch):
         try:
             return original(*args, **kwargs)
         finally:
-            try:
-                pins.after_node_reset()
-            except Exception as exc:
-                internal_error("pin bookkeeping after a node", exc)
+            pins.after_node_reset()
     return reset_cast_buffers
 
 
@@ -170,9 +161,9 @@ class PinnedMemoryPatch(Patch):
 
     def before_unpatch(self, module):
         """Put ComfyUI's own ``MAX_PINNED_MEMORY`` back and stop budgeting pins."""
-        if pins.started_for(module):
-            module.MAX_PINNED_MEMORY = pins.comfyui_max()
-            pins.stop()
+        comfyui_value = pins.stop_budget(module)
+        if comfyui_value is not None:
+            module.MAX_PINNED_MEMORY = comfyui_value
 
     def adopt(self, module):
         """Right after import: put comfy_memx's cap into ``MAX_PINNED_MEMORY`` where ComfyUI enabled pinning, and
@@ -181,16 +172,10 @@ class PinnedMemoryPatch(Patch):
         Leaves ComfyUI alone where it did not enable pinning (``MAX_PINNED_MEMORY`` <= 0: CPU-only, non-NVIDIA/AMD,
         ``--disable-pinned-memory``) or has no pinning at all (0.3.64).  ``COMFY_MEMX_PIN_LIMIT=off`` sets it to 0.
         """
-        comfyui_value = getattr(module, "MAX_PINNED_MEMORY", None)
-        if comfyui_value is None or pins.started_for(module):
-            return
-        if comfyui_value <= 0:
-            log.debug("comfy_memx: pinned memory stays off (ComfyUI did not enable it: no NVIDIA/AMD GPU, or "
-                      "--disable-pinned-memory)")
-            return
-        cap = pins.start(module)
-        module.MAX_PINNED_MEMORY = cap.bytes
-        log.info(pins.startup_line())
+        cap_bytes = pins.start_budget(module)
+        if cap_bytes is not None:
+            module.MAX_PINNED_MEMORY = cap_bytes
+            log.info(pins.startup_line())
 
 
 PATCH = PinnedMemoryPatch()

@@ -12,16 +12,17 @@ wrapper factory), and may override :meth:`Patch.after_patch`, :meth:`Patch.befor
    extension wrapped over us, unpatch leaves it in place and turns our wrapper into a pass-through.
 4. Wrappers are invisible: same return value, same exceptions, every positional and keyword argument passed on
    untouched (new ComfyUI parameters just flow through).
-5. A wrapper fires exactly one signal of ``comfy_memx.core.signals`` per phase of its ComfyUI event (before the
-   call, after it) and touches nothing else of a wing or of feature state; a patch module imports only
-   ``comfy_memx.core``.  The wings subscribe at import (``comfy_memx/<wing>/subscriptions.py``), and
-   :meth:`~comfy_memx.core.signals.Signal.fire` runs each subscriber under one guard that sends an ``Exception`` to
-   ``errors.internal_error`` (logged once per kind in production, re-raised in tests), so comfy_memx's bookkeeping
-   never fails a prompt; ``MemoryError``, ``RecursionError``, ``KeyboardInterrupt`` and ``SystemExit`` stay what
-   they are.  What the "after" half of a call needs from the "before" half, the subscribing wing keeps itself.
-   The one exception is the per-layer pin path (``pinned_memory``, ``dynamic_pins``), where the pin budget
-   decides whether ComfyUI pins at all: those wrappers call ``comfy_memx.pins.api`` directly, each call in its own
-   ``try/except`` -> ``internal_error`` (a dispatch there would cost more than it may, see ``bench/wrappers.py``).
+5. A wrapper runs one pair of ``comfy_memx.core.signals`` around its ComfyUI call (its "before" half, the call, its
+   "after" half) or fires one signal, and touches nothing else of a wing or of feature state; a patch module imports
+   only ``comfy_memx.core``.  The wings subscribe at import (``comfy_memx/<wing>/subscriptions.py``), and every
+   subscriber runs under one guard that sends an ``Exception`` to ``errors.internal_error`` (logged once per kind
+   and counted in production, re-raised in tests), so comfy_memx's bookkeeping never fails a prompt;
+   ``MemoryError``, ``RecursionError``, ``KeyboardInterrupt`` and ``SystemExit`` stay what they are.  What the
+   "after" half needs from the "before" half is the pair's business (``comfy_memx.core.pairs``: memos, a record that
+   always unwinds).  The one exception is the per-layer pin path (``pinned_memory``, ``dynamic_pins``), where the
+   pin budget decides whether ComfyUI pins at all: those wrappers call the pin API through its guarded facade
+   ``comfy_memx.pins.facade`` (``comfy_memx.core.guard``), whose every entry answers what ComfyUI does alone when
+   the pin wing fails.
 6. A site missing from the running ComfyUI is skipped with :class:`~comfy_memx.core.errors.PatchSkipped` (its
    reason); the other sites apply.
 7. ``adopt(module)`` records state that existed before the patch (late activation; a cap set after import).

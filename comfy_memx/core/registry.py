@@ -70,6 +70,7 @@ def arm(cfg):
         patches.armed[name] = patch.target
         importhook.when_imported(patch.target, functools.partial(apply, name))
     importhook.when_imported(ANNOUNCE_AFTER, lambda _module: announce())
+    signals.load.subscribe(_announce_at_first_load)   # (again, when an earlier start announced)
 
 
 def apply(name, module):
@@ -200,29 +201,33 @@ def _module_level_originals():
 
 
 def announce(force=False):
-    """Log the startup line once."""
+    """Log the startup line once (then the first load of a program that never imports ``server`` has nothing to
+    announce: its subscription leaves the load path until the next :func:`arm`)."""
     patches = table()
     if patches.announced and not force:
         return
     patches.announced = True
+    signals.load.unsubscribe(_announce_at_first_load)
     config = STATE.config
     log.info(startup_line(__version__, STATE.source, config.leak_mode, config.release, config.release_packages))
 
 
-@signals.load_starting.subscribe
+@signals.load.subscribe
 def _announce_at_first_load(mm, models, caller_frame):
     """Programs that never import ``server`` get the startup line at their first model load."""
     announce()
 
 
-@signals.prompt_started.subscribe
+@signals.prompt.subscribe
 def _audit_at_prompt_start(prompt_id, prompt):
     """Notice replaced wrappers before a prompt runs (see :func:`audit`)."""
     audit()
 
 
-@signals.node_ended.subscribe
 def _audit_after_node(prompt_id, node_id, node):
     """Notice replaced wrappers after each node: a node may have replaced a site (ComfyUI-MultiGPU does, from its
     loaders)."""
     audit()
+
+
+signals.node.subscribe(after=_audit_after_node)

@@ -1,41 +1,35 @@
-"""The ComfyUI events comfy_memx reacts to, as named signals: patches fire them, wings subscribe to them.
+"""The ComfyUI events comfy_memx reacts to: patches fire them, wings subscribe to them.
 
-A patch wrapper fires exactly one signal per phase of one ComfyUI event (``load_starting`` before
-``load_models_gpu`` runs, ``load_ended`` after it returned or raised) and knows nothing of who listens; each wing
+A ComfyUI call that comfy_memx follows from start to end is a :class:`~comfy_memx.core.pairs.Pair` (``load``:
+``load_models_gpu``; ``model_load``, ``model_unload``, ``unload_scope``, ``collect``, ``prompt``, ``node``): the
+wrapper runs its "before" half, ComfyUI's call, then its "after" half, and the pair owns what the wings keep between
+the halves (see ``comfy_memx.core.pairs``).  A one-phase event is a :class:`Signal` (``file_loaded``,
+``flags_served``, ``routes_adding``...): the wrapper fires it once.  A patch knows nothing of who listens; each wing
 subscribes its handlers at import, in its ``comfy_memx/<wing>/subscriptions.py`` (the bootstrap imports every such
 module before it applies a patch).  So a patch reads as a site table, a wing's reactions are listed in one file, and
-one guard, :meth:`Signal.fire`'s, applies the error policy to every handler:
+one guard applies the error policy to every handler, a signal's and a pair's alike:
 
 * each subscriber runs in subscription order under its own guard: an ``Exception`` goes to
-  ``errors.internal_error`` with the kind ``"<signal> -> <module>.<function>"`` (logged once per kind in
-  production, re-raised under the test policy), and the next subscriber still runs;
-* ``MemoryError`` and ``RecursionError`` propagate unchanged (swallowing them would hide a process that is dying or
-  a stack that is exhausted, and ComfyUI's own code would meet them at its next step anyway), and so does every
+  ``errors.internal_error`` with the kind ``"<signal> -> <module>.<function>"`` (a pair's: ``"<pair>.before -> ..."``
+  or ``"<pair>.after -> ..."``), logged once per kind and counted in production, re-raised under the test policy,
+  and the next subscriber still runs;
+* ``errors.UNCHANGED`` (``MemoryError``, ``RecursionError``) propagate unchanged, and so does every
   ``BaseException`` that is not an ``Exception`` (``KeyboardInterrupt``, ``SystemExit``, ``GeneratorExit``);
-* a subscriber's return value is ignored: what the "after" half of a call needs from its "before" half, the wing
-  keeps itself (a thread-local stack of its own, matched to the call by an argument such as ComfyUI's models
-  list), so a patch never decides anything from what a wing answered.
+* a signal's subscriber's return value is ignored; a pair's "before" half returns the memo its "after" half gets.
 
 :meth:`Signal.ask` is the one query form: the first non-None answer of the subscribers (each guarded the same way),
 used between wings (who asked for the unload running now), never by a patch.
 
-Nothing here imports a wing, torch or ComfyUI; a signal holds its subscribers (functions defined at import), never
-data, so :meth:`~comfy_memx.core.state.ProcessState.reset` leaves the subscriptions as they are.
+Nothing here imports a wing, torch or ComfyUI; a signal or pair holds its subscribers (functions defined at import),
+never data, so :meth:`~comfy_memx.core.state.ProcessState.reset` leaves the subscriptions as they are.
 """
 
-from comfy_memx.core.errors import internal_error
-
-UNCHANGED = (MemoryError, RecursionError)
-"""The ``Exception`` subclasses a guard lets through as they are (every non-``Exception`` passes anyway)."""
-
-
-def _label(fn):
-    module = getattr(fn, "__module__", None) or "?"
-    return f"{module}.{getattr(fn, '__qualname__', None) or repr(fn)}"
+from comfy_memx.core.errors import UNCHANGED, internal_error
+from comfy_memx.core.pairs import Pair, label
 
 
 class Signal:
-    """One named ComfyUI event phase; see the module docstring.  ``doc`` says when it fires and with what."""
+    """One named one-phase ComfyUI event; see the module docstring.  ``doc`` says when it fires and with what."""
 
     __slots__ = ("name", "doc", "_subscribers")
 
@@ -51,7 +45,7 @@ class Signal:
         """Call ``fn(*args)`` on every :meth:`fire` from now on, after the earlier subscribers; returns ``fn`` (so it
         works as a decorator).  Subscribing the same function twice keeps one subscription."""
         if all(existing is not fn for existing, _kind in self._subscribers):
-            self._subscribers = (*self._subscribers, (fn, f"{self.name} -> {_label(fn)}"))
+            self._subscribers = (*self._subscribers, (fn, f"{self.name} -> {label(fn)}"))
         return fn
 
     def unsubscribe(self, fn):
@@ -61,6 +55,11 @@ class Signal:
     def subscribers(self):
         """The subscribed functions, in the order :meth:`fire` calls them."""
         return [fn for fn, _kind in self._subscribers]
+
+    def guards(self):
+        """Every subscriber as ``(function, error kind)``: what the fault suite plants a failure in, with the kind
+        its guard reports."""
+        return list(self._subscribers)
 
     def fire(self, *args):
         """Call every subscriber with ``args``, each under the guard (see the module docstring); returns None."""
@@ -90,22 +89,23 @@ class Signal:
 
 # -- comfy.model_management ------------------------------------------------------------------------------------------
 
-load_starting = Signal("load_starting", "``load_models_gpu(models)`` is about to run: ``(mm, models, caller_frame)``, "
-                                        "``models`` being ComfyUI's own list object.")
-load_ended = Signal("load_ended", "The ``load_models_gpu`` call of ``load_starting`` returned or raised: "
-                                  "``(mm, models)``, the same list object.")
-model_loading = Signal("model_loading", "``LoadedModel.model_load`` is about to run: ``(entry,)``.")
-model_loaded = Signal("model_loaded", "``LoadedModel.model_load`` returned: ``(entry, seconds, caller_frame)``.")
-model_unloading = Signal("model_unloading", "``LoadedModel.model_unload`` is about to run: ``(entry,)``.")
-model_unloaded = Signal("model_unloaded", "``LoadedModel.model_unload`` returned: ``(entry, result, seconds, "
-                                          "caller_frame)``, ``result`` being ComfyUI's answer.")
-unload_scope_entered = Signal("unload_scope_entered", "``free_memory``, ``unload_all_models`` or "
-                                                      "``unload_model_and_clones`` is about to run: ``(mm, site, "
-                                                      "caller_frame)``, ``site`` its name.")
-unload_scope_exited = Signal("unload_scope_exited", "The call of ``unload_scope_entered`` returned or raised: "
-                                                    "``(mm, site)``.")
-collect_starting = Signal("collect_starting", "``cleanup_models_gc`` is about to run: ``(mm,)``.")
-collect_ended = Signal("collect_ended", "``cleanup_models_gc`` returned or raised: ``(mm,)``.")
+load = Pair("load", "``load_models_gpu(models)``: before it runs ``(mm, models, caller_frame)``, ``models`` being "
+                    "ComfyUI's own list object; after it returned or raised ``(mm, models)``.  Stacked: the load in "
+                    "progress (``load.current()``, its models by weakref) is what unloads inside it serve.",
+            ("mm", "models", "caller_frame"), ("mm", "models"), stacked=True)
+model_load = Pair("model_load", "``LoadedModel.model_load``: before it runs ``(entry,)``; after it returned "
+                                "``(entry, seconds, caller_frame)`` (nothing after when it raised).",
+                  ("entry",), ("entry", "seconds", "caller_frame"))
+model_unload = Pair("model_unload", "``LoadedModel.model_unload``: before it runs ``(entry,)``; after it returned "
+                                    "``(entry, result, seconds, caller_frame)``, ``result`` being ComfyUI's answer "
+                                    "(nothing after when it raised).",
+                    ("entry",), ("entry", "result", "seconds", "caller_frame"))
+unload_scope = Pair("unload_scope", "``free_memory``, ``unload_all_models`` or ``unload_model_and_clones``: before "
+                                    "it runs ``(mm, site, caller_frame)``, ``site`` its name; after it returned or "
+                                    "raised ``(mm, site)``.  Stacked: the unloads inside serve the innermost scope.",
+                    ("mm", "site", "caller_frame"), ("mm", "site"), stacked=True)
+collect = Pair("collect", "``cleanup_models_gc``: before it runs ``(mm,)``; after it returned or raised ``(mm,)``.",
+               ("mm",), ("mm",))
 model_management_patched = Signal("model_management_patched", "``comfy.model_management`` was just patched "
                                                               "(models it holds already are taken in): ``(mm,)``.")
 
@@ -117,10 +117,11 @@ patcher_built = Signal("patcher_built", "``ModelPatcher.__init__`` returned (a n
 
 # -- execution --------------------------------------------------------------------------------------------------------
 
-prompt_started = Signal("prompt_started", "``PromptExecutor.execute_async`` begins: ``(prompt_id, prompt)``.")
-prompt_ended = Signal("prompt_ended", "The prompt of ``prompt_started`` ended on this thread: ``()``.")
-node_starting = Signal("node_starting", "``get_output_data`` (one node's run) begins: ``(prompt_id, node_id, node)``.")
-node_ended = Signal("node_ended", "The node of ``node_starting`` returned or raised: ``(prompt_id, node_id, node)``.")
+prompt = Pair("prompt", "``PromptExecutor.execute_async`` (one prompt): before it begins ``(prompt_id, prompt)``; "
+                        "after it returned or raised ``()``.  Stacked: the prompt running on this thread.",
+              ("prompt_id", "prompt"), (), stacked=True)
+node = Pair("node", "``get_output_data`` (one node's run): before it begins ``(prompt_id, node_id, node)``; after it "
+                    "returned or raised, the same.", ("prompt_id", "node_id", "node"), ("prompt_id", "node_id", "node"))
 free_flag_set = Signal("free_flag_set", "``PromptQueue.set_flag(name, ...)`` is about to run: ``(queue, name, "
                                         "caller_frame)``.")
 flags_reading = Signal("flags_reading", "``PromptQueue.get_flags`` is about to run, the queue's mutex not held: "
@@ -149,5 +150,5 @@ unload_requester = Signal("unload_requester", "Asked (:meth:`Signal.ask`) who re
 worker_unload_offered = Signal("worker_unload_offered", "The server's routes are up and ``unload(queue, origin, "
                                                         "timeout)`` unloads through ComfyUI's worker: ``(unload,)``.")
 
-CATALOGUE = tuple(value for value in list(globals().values()) if isinstance(value, Signal))
-"""Every signal above, in the order of this file."""
+CATALOGUE = tuple(value for value in list(globals().values()) if isinstance(value, (Signal, Pair)))
+"""Every signal and pair above, in the order of this file."""

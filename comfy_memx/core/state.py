@@ -2,10 +2,10 @@
 
 Kept in its own module (never in ``__main__``) so that the launcher, the startup hook and the patches all see one
 copy.  The fields every wrapper reads on ComfyUI's hot paths are plain attributes (``config``, ``events``,
-``stacks`` (this thread's calls in progress), and ``ledger``, which the ledger wing registers with
-:meth:`ProcessState.register`: a part lookup on every load and unload would cost more than the attribute read);
-each feature keeps the rest of its state in a *part*, an object of
-its own class created on first use by :meth:`ProcessState.part` and dropped (after its ``close()``, if it has one)
+``stacks`` (this thread's calls in progress, kept by ``comfy_memx.core.pairs``), and ``ledger``, which the ledger
+wing registers with :meth:`ProcessState.register`: a part lookup on every load and unload would cost more than the
+attribute read); each feature keeps the rest of its state in a *part*, an object of its own class created on first
+use by :meth:`ProcessState.part` and dropped (after its ``close()``, if it has one)
 by :meth:`ProcessState.reset`.  So core code never imports the features, and a test resets all of comfy_memx with
 one call.  STATE holds data only: who reacts to which ComfyUI event is ``comfy_memx.core.signals``'s business.
 """
@@ -19,17 +19,12 @@ from comfy_memx.core.events import EventLog
 
 
 class ThreadStacks(threading.local):
-    """This thread's calls in progress, innermost last: ``loads`` (one ``ledger.accounting.LoadCall`` per
-    ``load_models_gpu`` call: the models it loads, who called it, what it unloaded) and ``unload_reasons`` (one
-    ``(reason, frame)`` per unload scope: ``free_memory``, ``unload_all_models``...), and ``pending``: what the
-    "before" half of one call left for its "after" half, under a key the subscribing wing chooses (the bytes an
-    entry had before ``model_load``, a node's snapshot).  The wings' subscribers push and pop them; the pin budget
-    reads ``loads`` to spare the load in progress."""
+    """This thread's calls in progress: ``calls``, one record per call of a stacked pair (``load_models_gpu``, an
+    unload scope, a prompt), innermost last, pushed and removed by ``comfy_memx.core.pairs`` alone (never by a wing),
+    holding ids, weak references and the wings' memos only."""
 
     def __init__(self):
-        self.loads = []
-        self.unload_reasons = []
-        self.pending = {}
+        self.calls = []
 
 
 class ProcessState:

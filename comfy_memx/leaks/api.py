@@ -3,7 +3,8 @@ its modules can move without touching a caller.
 
 For its subscriptions (``cleanup_models_gc``): :func:`suspects` (the loaded
 entries whose patcher is gone while the module lives, before ComfyUI's collection), :func:`before_collect` and
-:func:`after_collect` (the report of the ones that survive it, then the ``auto`` release).
+:func:`after_collect` (the report of the ones that survive it) and :func:`release_automatically` (the ``auto``
+release).
 
 For its subscriptions (a full unload, then a collection point): :func:`note_unloaded` (the model left ComfyUI's
 loaded list: watch it by weakref), :func:`loaded_again` (ComfyUI loads it again: a leak found after its unload is
@@ -27,7 +28,6 @@ For its subscriptions (ComfyUI's prompt worker): :func:`releases_due` (the worke
 queued releases), :func:`prompt_started` and :func:`prompt_ended` (without a worker, a prompt's end is that point).
 """
 
-from comfy_memx.core.state import STATE
 from comfy_memx.leaks import watch
 from comfy_memx.leaks.release import book
 from comfy_memx.leaks.release.engine import KEPT as RELEASES_KEPT  # noqa: F401
@@ -57,11 +57,9 @@ def search_now(record, ignore=(), budget_s=None):
 
 
 def after_collect(found):
-    """Report the suspects that survived ComfyUI's collection; under ``COMFY_MEMX_RELEASE=auto``, queue the release
-    of the ones an opted-in package holds (``leaks.release``: ComfyUI's prompt worker runs it between prompts)."""
+    """Report the suspects that survived ComfyUI's collection (the ``auto`` release of the ones an opted-in package
+    holds is :func:`release_automatically`, a subscription of its own)."""
     watch.after_collect(found)
-    if STATE.config.release == "auto":
-        release_automatically([suspect.record for suspect in found])   # queued: run between prompts
 
 
 COPY_TRIES = 5

@@ -1,9 +1,12 @@
-"""The leak wing's reactions to ComfyUI's events: every ``comfy_memx.core.signals`` signal it subscribes to.
+"""The leak wing's reactions to ComfyUI's events: every ``comfy_memx.core.signals`` pair it subscribes to.
 
-Imported by the bootstrap before any patch is applied.  ``cleanup_models_gc`` is where ComfyUI warns about a model
-whose patcher is gone while its module lives: the suspects are found before ComfyUI's collection (kept in this
-thread's ``STATE.stacks.pending`` for the other half) and reported after it, with the holders that keep them alive.
-With ``COMFY_MEMX_LEAK_MODE=off`` or nothing loaded, neither half does any work.
+Imported by the bootstrap before any patch is applied.  Each subscription does one job, so that one failing never
+disables another: reporting ComfyUI's warned leaks, releasing them (``COMFY_MEMX_RELEASE=auto``) and looking at the
+models unloaded earlier are three subscriptions of ``cleanup_models_gc``.
+
+``cleanup_models_gc`` is where ComfyUI warns about a model whose patcher is gone while its module lives: the
+suspects are found before ComfyUI's collection (the memo of the ``collect`` pair) and reported after it, with the
+holders that keep them alive.  With ``COMFY_MEMX_LEAK_MODE=off`` or nothing loaded, neither half does any work.
 
 A model that a full ``model_unload`` takes out of ComfyUI's loaded list is never warned about: it is watched by
 weakref (``leaks.unwarned``) and looked at after the next ``cleanup_models_gc``, when a full collection ran since.
@@ -17,57 +20,57 @@ from comfy_memx.core.state import STATE
 from comfy_memx.leaks import api as leaks
 
 
-def _key(mm):
-    return ("collect", id(mm))
-
-
-@signals.collect_starting.subscribe
 def before_collect(mm):
-    """Find the suspects (loaded entries whose patcher is gone while the module lives) and probe the new ones."""
+    """Find the suspects (loaded entries whose patcher is gone while the module lives) and probe the new ones; the
+    suspects are the memo (None when there is none)."""
     if STATE.config.leak_mode == "off" or not mm.current_loaded_models:
-        return
+        return None
     found = leaks.suspects(mm)
-    if found:
-        STATE.stacks.pending[_key(mm)] = found
-        leaks.before_collect(found)
+    if not found:
+        return None
+    leaks.before_collect(found)
+    return found
 
 
-@signals.collect_ended.subscribe
-def after_collect(mm):
-    """Report the suspects that survived ComfyUI's collection (nothing when none was found before it), then the
-    unloaded models that survived a full collection while held (nothing when none is watched)."""
-    found = STATE.stacks.pending.pop(_key(mm), None)
-    if found:
-        leaks.after_collect(found)
-    leaks.check_unloaded(mm)
+def report_survivors(found, mm):
+    """Report the suspects that survived ComfyUI's collection."""
+    leaks.after_collect(found)
 
 
-def _unload_key(entry):
-    return ("leak_unload", id(entry))
+def release_survivors(mm):
+    """Under ``COMFY_MEMX_RELEASE=auto``: release the warned leaks that an opted-in package holds (``leaks.release``)
+    among the entries ComfyUI's collection left without a patcher."""
+    if STATE.config.release == "auto" and STATE.config.leak_mode != "off" and mm.current_loaded_models:
+        leaks.release_automatically([suspect.record for suspect in leaks.suspects(mm)])
 
 
-@signals.model_unloading.subscribe
+signals.collect.subscribe(before_collect, report_survivors)
+signals.collect.subscribe(after=release_survivors)
+signals.collect.subscribe(after=leaks.check_unloaded)
+
+
 def before_unload(entry):
     """Keep ``entry``'s ``real_model`` weakref (the unload may clear it) for the other half."""
-    if STATE.config.leak_mode != "off":
-        STATE.stacks.pending[_unload_key(entry)] = entry.real_model
+    return entry.real_model if STATE.config.leak_mode != "off" else None
 
 
-@signals.model_loaded.subscribe
+def watch_unloaded(module_ref, entry, result, seconds, caller_frame):
+    """A full unload took the model out of ComfyUI's loaded list: watch it (by weakref) for the next collection."""
+    if result is not False:
+        leaks.note_unloaded(module_ref)
+
+
+signals.model_unload.subscribe(before_unload, watch_unloaded)
+
+
 def after_load(entry, seconds, caller_frame):
     """A model ComfyUI loads again is in use: a leak found after its unload is over (``leaks.unwarned``)."""
     leaks.loaded_again(entry)
 
 
-@signals.model_unloaded.subscribe
-def after_unload(entry, result, seconds, caller_frame):
-    """A full unload took the model out of ComfyUI's loaded list: watch it (by weakref) for the next collection."""
-    module_ref = STATE.stacks.pending.pop(_unload_key(entry), None)
-    if module_ref is not None and result is not False:
-        leaks.note_unloaded(module_ref)
+signals.model_load.subscribe(after=after_load)
 
 
-@signals.flags_reading.subscribe
 def between_prompts(queue, reset):
     """ComfyUI's prompt worker is between prompts (about to read its free flags): run the queued releases there
     (``leaks.release.desk``; nothing queued: one attribute read)."""
@@ -75,13 +78,18 @@ def between_prompts(queue, reset):
         leaks.releases_due(queue)
 
 
-@signals.prompt_started.subscribe
-def prompt_started(prompt_id, prompt):
-    """Count the prompt: without a prompt worker, no release runs while one runs."""
+signals.flags_reading.subscribe(between_prompts)
+
+
+def prompt_begins(prompt_id, prompt):
+    """Count the prompt: without a prompt worker, no release runs while one runs (the memo: it was counted)."""
     leaks.prompt_started()
+    return True
 
 
-@signals.prompt_ended.subscribe
-def prompt_ended():
+def prompt_over(counted):
     """Without a prompt worker, a prompt's end is the point between prompts where the queued releases run."""
     leaks.prompt_ended()
+
+
+signals.prompt.subscribe(prompt_begins, prompt_over)

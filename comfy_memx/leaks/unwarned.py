@@ -14,7 +14,7 @@ Work proportional to news, nothing kept alive:
   dies or is back in ComfyUI's loaded list (looked at lazily, at the next check), when it is recorded as a leak or
   was searched, or when newer unloads push it out;
 * it is looked at only where a collection already ran: after ComfyUI's ``cleanup_models_gc`` (the leak watch's
-  ``collect_ended``) and after a free's own collection (its receipt), and a suspect counts only once a full
+  ``collect`` pair) and after a free's own collection (its receipt), and a suspect counts only once a full
   (generation 2) collection ran since its unload, so a model that waits for the collector is never searched;
 * a suspect that ComfyUI itself uses (:func:`comfy_memx.leaks.release.engine.in_comfyui_use`: its loaded list, or
   the running prompt that loaded it) waits for a later check; the others get the forward probe once (at most

@@ -1,15 +1,16 @@
 """Turns what the model-management wrappers observe into ledger updates and ``load``/``unload`` events.
 
-Unload reasons travel down the call chain in a per-thread stack of ``(reason, frame)``
-(``STATE.stacks.unload_reasons``): ``unload_all_models`` pushes ``unload_all``, ``free_request`` (called by
-ComfyUI's prompt worker for POST /free) or ``oom`` (called while an out-of-memory exception is being handled);
-``free_memory`` pushes ``memory_pressure`` unless a caller already chose a reason; ``LoadedModel.model_unload`` reads
-the top (``other`` when called directly, e.g. by a custom node).
-The frame is the caller that entered the outermost scope: ``ledger.causes`` turns it into ``requested_by`` only when
-an unload really happens.  ``load_models_gpu`` calls are kept in ``STATE.stacks.loads`` (:class:`LoadCall`): the
-models being loaded (for memory-pressure causes, and for the pin budget, which spares them), the caller, and the full
-unloads seen during the call; the entries that the call dropped silently (a clone replacing its original) are
-reported when it returns.
+Unload reasons travel down the call chain with the ``unload_scope`` pair (``comfy_memx.core.signals``), whose record
+of each scope in progress keeps the ledger's memo ``(reason, own)``: ``unload_all_models`` chooses its own reason,
+``unload_all``, ``free_request`` (called by ComfyUI's prompt worker for POST /free) or ``oom`` (called while an
+out-of-memory exception is being handled); ``free_memory`` is ``memory_pressure`` unless an enclosing scope already
+chose a reason; ``LoadedModel.model_unload`` reads them (``other`` outside any scope, e.g. called by a custom node).
+The frame is the caller that entered the outermost scope, found again on the live stack by the pair
+(``core.pairs.caller``): ``ledger.causes`` turns it into ``requested_by`` only when an unload really happens.  A ``load_models_gpu`` call is the ``load`` pair's record (its models by weakref, its caller by id: what
+memory-pressure causes and the pin budget, which spares them, read); the ledger's memo of it is a
+:class:`LoadBooks` (the entries loaded when it began, the full unloads seen during it), only when something was
+loaded, so that the entries the call dropped silently (a clone replacing its original) are reported when it
+returns.  The pair keeps and unwinds these records, never this module.
 Nothing here walks the heap or a state dict: every figure is an attribute read that ComfyUI itself keeps.
 The end of the outermost ``free_request`` scope fires ``signals.free_request_unload_ended`` (``POST /memx/free``
 follows it).
@@ -19,7 +20,7 @@ import sys
 import time
 import weakref
 
-from comfy_memx.core import signals
+from comfy_memx.core import pairs, signals
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.refs import external_refcount
 from comfy_memx.core.state import STATE
@@ -27,79 +28,103 @@ from comfy_memx.ledger import causes
 from comfy_memx.ledger.attribution import current_owner
 
 
-def push_reason(reason, keep_outer=False, frame=None):
-    """Enter a scope whose unloads have ``reason`` (or the enclosing scope's when ``keep_outer``); ``frame`` is the
-    caller that asked (default: the caller of this function)."""
-    stack = STATE.stacks.unload_reasons
-    if stack:
-        stack.append(stack[-1] if keep_outer else (reason, stack[-1][1]))
-        return
-    stack.append((reason, frame if frame is not None else sys._getframe(1)))
+def enter_unload_scope(model_management, site, caller_frame):
+    """The ``unload_scope`` pair's "before" half: the memo ``(reason, own)`` of a scope that ``site`` enters
+    (``free_memory``, ``unload_all_models``, ``unload_model_and_clones``) from ``caller_frame``.  ``unload_all_models``
+    chooses its own reason (``own``): ``oom``, ``free_request`` or ``unload_all``; the others keep an enclosing
+    scope's (their reason counts only when no scope encloses them).  Every scope keeps the outermost one's frame
+    (the pair's record of it): see :func:`current_cause`."""
+    if site != "unload_all_models":
+        return UNLOAD_SCOPE_REASONS.get(site, "other"), False
+    if sys.exc_info()[1] is None:   # no exception being handled (the common case): no out-of-memory to test for
+        return _caller_reason(caller_frame), True
+    try:
+        return reason_for_unload_all(caller_frame, _oom_test(model_management)), True
+    except Exception as exc:
+        internal_error("unload reason", exc)
+        return "unload_all", True
 
 
-def pop_reason():
-    """Leave the scope entered by the matching :func:`push_reason` (nothing when no scope is open: its entry
-    failed, and that failure was reported)."""
-    stack = STATE.stacks.unload_reasons
-    if stack and stack.pop()[0] == "free_request" and not stack:
+def exit_unload_scope(scope, model_management, site):
+    """The ``unload_scope`` pair's "after" half: when the outermost scope was a ``free_request`` (ComfyUI's worker
+    serving free flags), fire ``free_request_unload_ended``."""
+    if scope[0] == "free_request" and len(signals.unload_scope.calls()) == 1:
         signals.free_request_unload_ended.fire()
 
 
-class LoadCall:
-    """One ``load_models_gpu`` call in progress on this thread (in ``STATE.stacks.loads``): ``models`` (ComfyUI's own
-    list object; no local of a wrapper holds it), the caller ``frame``, ``before`` (weakrefs of the entries loaded
-    when it began, or None) and ``unloaded`` (None until the first: the ids of the ``real_model`` weakrefs of the
-    entries fully unloaded, or reported otherwise, during it).  It dies when the call returns, which ends the pin
-    budget's protection of its models (weakref)."""
-    __slots__ = ("models", "frame", "before", "unloaded", "__weakref__")
+UNLOAD_SCOPE_REASONS = {"free_memory": "memory_pressure", "unload_model_and_clones": "other"}
+"""The reason of an unload scope entered outside any other (``unload_all_models`` chooses its own)."""
 
-    def __init__(self, models, frame, before):
-        self.models, self.frame, self.before, self.unloaded = models, frame, before, None
+
+def _oom_test(mm):
+    if hasattr(mm, "is_oom"):
+        return mm.is_oom
+    oom_type = getattr(mm, "OOM_EXCEPTION", None)
+    return (lambda exc: isinstance(exc, oom_type)) if isinstance(oom_type, type) else None
+
+
+def scope_of_unloads():
+    """``(reason, frame)`` of the unloads happening now on this thread: the reason of the outermost unload scope whose
+    "before" half worked, or of an ``unload_all_models`` inside it, and the frame that entered the outermost one;
+    None outside any scope."""
+    scopes = signals.unload_scope
+    found = None
+    for call in scopes.calls():
+        scope = scopes.memo(call, enter_unload_scope)
+        if scope is None:
+            continue
+        if found is None:
+            found = [scope[0], pairs.caller(call)]
+        elif scope[1]:
+            found[0] = scope[0]
+    return found
+
+
+class LoadBooks:
+    """The ledger's memo of one ``load_models_gpu`` call (the ``load`` pair) that began with entries loaded:
+    ``before`` (``(entry weakref, module weakref)`` of those entries) and ``unloaded`` (None until the first: the ids
+    of the ``real_model`` weakrefs of the entries fully unloaded, or reported otherwise, during the call)."""
+    __slots__ = ("before", "unloaded")
+
+    def __init__(self, before):
+        self.before, self.unloaded = before, None
 
 
 def begin_load(model_management, models, frame):
-    """A ``load_models_gpu(models)`` call called from ``frame`` begins: push its :class:`LoadCall` (first, so that
-    :func:`end_load` finds it even when reading ComfyUI's entries fails) and return it."""
-    call = LoadCall(models, frame, None)
-    STATE.stacks.loads.append(call)
-    if model_management.current_loaded_models:
-        call.before = loaded_entry_refs(model_management)
-    return call
+    """The ``load`` pair's "before" half: :class:`LoadBooks` of the entries loaded now, or None when none is (then
+    the call can drop none silently and its "after" has nothing to do)."""
+    if not model_management.current_loaded_models:
+        return None
+    return LoadBooks(loaded_entry_refs(model_management))
 
 
-def end_load(model_management, models):
-    """The call of :func:`begin_load` for ``models`` (ComfyUI's list object) returned or raised: report the entries
-    it dropped silently, and pop it.  Nothing when the innermost call is another one (its begin failed)."""
-    loads = STATE.stacks.loads
-    if not loads or loads[-1].models is not models:
-        return
-    call = loads[-1]
-    try:
-        if call.before:
-            _note_clone_replacements(model_management, call)
-    finally:
-        loads.pop()
+def end_load(books, model_management, models):
+    """The ``load`` pair's "after" half: report the entries the call dropped silently (a clone replaced them)."""
+    if books.before:
+        _note_clone_replacements(model_management, books, pairs.caller(signals.load.current()))
 
 
 def current_load():
-    """The innermost ``load_models_gpu`` call in progress on this thread, or None."""
-    loads = STATE.stacks.loads
-    return loads[-1] if loads else None
+    """The innermost ``load_models_gpu`` call in progress on this thread (the ``load`` pair's record: its models
+    by ``core.pairs.subjects``, its caller by ``core.pairs.caller``), or None."""
+    return signals.load.current()
 
 
 def note_unloaded(module_ref):
     """The entry whose ``real_model`` weakref is ``module_ref`` left ComfyUI's list and was reported."""
     key = id(module_ref)
-    for call in STATE.stacks.loads:
-        if call.unloaded is None:
-            call.unloaded = set()
-        call.unloaded.add(key)
+    loads = signals.load
+    for call in loads.calls():
+        books = loads.memo(call, begin_load)
+        if books is not None:
+            if books.unloaded is None:
+                books.unloaded = set()
+            books.unloaded.add(key)
 
 
 def current_cause(caller_frame):
     """``(reason, requested_by)`` of an unload happening now; ``caller_frame`` asked when no scope is open."""
-    stack = STATE.stacks.unload_reasons
-    reason, frame = stack[-1] if stack else ("other", caller_frame)
+    reason, frame = scope_of_unloads() or ("other", caller_frame)
     return reason, causes.requested_by(reason, frame, current_load())
 
 
@@ -112,6 +137,11 @@ def reason_for_unload_all(caller_frame, oom_test):
                 return "oom"
         except Exception:
             pass
+    return _caller_reason(caller_frame)
+
+
+def _caller_reason(caller_frame):
+    """``free_request`` when ComfyUI's prompt worker called, else ``unload_all``."""
     if caller_frame is not None and caller_frame.f_code.co_name == "prompt_worker":
         return "free_request"
     return "unload_all"
@@ -211,14 +241,14 @@ def note_dropped(model_management, snapshot, requested):
     _report_departed(model_management, refs, reported, "dropped", None, requested)
 
 
-def _note_clone_replacements(model_management, call):
+def _note_clone_replacements(model_management, books, frame):
     # COMFY: load_models_gpu pops entries whose patcher is a clone of a model being loaded and detaches them
     # without model_unload (0.3.64, 0.27.0, 0.33.0); such an entry left the list (and may already be gone) while its
     # module lives on, often under a new entry for the clone.  Full unloads during the call are in ``unloaded``.
     def reported(entry_alive, module_ref, _module):
-        return not entry_alive and call.unloaded is not None and id(module_ref) in call.unloaded
+        return not entry_alive and books.unloaded is not None and id(module_ref) in books.unloaded
 
-    _report_departed(model_management, call.before, reported, "clone_replaced", call.frame, None)
+    _report_departed(model_management, books.before, reported, "clone_replaced", frame, None)
 
 
 def _report_departed(model_management, refs, reported, reason, frame, requested):

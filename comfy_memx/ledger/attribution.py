@@ -1,7 +1,7 @@
 """Who asked for a model: the prompt and node executing now, and the custom-node package whose work it is.
 
 ComfyUI sets ``comfy_execution.utils.current_executing_context`` (prompt_id, node_id) around every node function;
-the class_type comes from the prompt that :func:`begin_prompt` recorded (the execution patch calls it).  The package
+the class_type comes from the prompt that :func:`begin_prompt` noted (the ``prompt`` pair's memo).  The package
 is the one that defines the executing node's class (``nodes.NODE_CLASS_MAPPINGS``), by the file it lies in (not by
 its module's name: ComfyUI registers a pack under its folder's path, a pack may import its modules under top-level
 names), else by the label ComfyUI's custom-node loader gave the class: the node whose work asked for
@@ -12,9 +12,9 @@ cheap enough for a load: a context-variable read, two dict lookups and a walk of
 """
 
 import sys
-import threading
 from typing import NamedTuple, Optional
 
+from comfy_memx.core import signals
 from comfy_memx.core.comfyui import package_of_file
 from comfy_memx.core.state import STATE
 
@@ -42,12 +42,11 @@ class Owner(NamedTuple):
 
 
 class Attribution:
-    """What attribution remembers (a part of the process state): the prompt executing on each thread (``prompt``:
-    ``current`` = (prompt_id, {node_id: class_type}) or None) and the package of each source file and node class
-    seen (caches, bounded by the files and classes of the installation)."""
+    """What attribution remembers (a part of the process state): the package of each source file and node class
+    seen (caches, bounded by the files and classes of the installation).  The prompt executing on each thread is
+    the ``prompt`` pair's call in progress, with :func:`begin_prompt`'s memo."""
 
     def __init__(self):
-        self.prompt = threading.local()
         self.package_by_file = {}
         self.package_by_class = {}
 
@@ -57,7 +56,8 @@ def _part():
 
 
 def begin_prompt(prompt_id, prompt):
-    """Remember the node_id -> class_type map of the prompt that starts executing on this thread."""
+    """The ``prompt`` pair's "before" half: ``(prompt_id, {node_id: class_type})`` of the prompt that starts
+    executing on this thread (the pair keeps it until the prompt ends)."""
     class_types = {}
     try:
         for node_id, node in prompt.items():
@@ -65,17 +65,16 @@ def begin_prompt(prompt_id, prompt):
                 class_types[str(node_id)] = node["class_type"]
     except AttributeError:
         pass
-    _part().prompt.current = (prompt_id, class_types)
+    return prompt_id, class_types
 
 
-def end_prompt():
-    """Forget the prompt of this thread."""
-    _part().prompt.current = None
+def _current():
+    return signals.prompt.innermost(begin_prompt)
 
 
 def current_prompt_id():
     """The prompt executing on this thread (None outside a prompt)."""
-    current = getattr(_part().prompt, "current", None)
+    current = _current()
     return current[0] if current else None
 
 
@@ -140,7 +139,7 @@ def node_context():
     """``(prompt_id, node_id, class_type)`` of the node executing now on this thread (Nones outside a prompt)."""
     prompt_id = node_id = class_type = None
     context = _executing_context()
-    current = getattr(_part().prompt, "current", None)
+    current = _current()
     if context is not None:
         prompt_id, node_id = context.prompt_id, str(context.node_id)
     elif current is not None:

@@ -25,7 +25,7 @@ import collections
 import logging
 import sys
 
-from comfy_memx.core import signals
+from comfy_memx.core import pairs, signals
 from comfy_memx.core.state import STATE
 from comfy_memx.ledger import attribution
 
@@ -135,7 +135,7 @@ def node_requester(prompt_id, node_id, node):
 
 def _load_requester(load_call):
     models = []
-    for patcher in list(load_call.models or ())[:MAX_MODELS_NAMED]:
+    for patcher in pairs.subjects(load_call)[:MAX_MODELS_NAMED]:
         module = getattr(patcher, "model", None)
         if module is None:
             continue
@@ -146,7 +146,7 @@ def _load_requester(load_call):
             size = None
         models.append({"model": record.model, "model_id": record.model_id, "bytes": size})
         del module
-    node = attribution.current_owner(load_call.frame)
+    node = attribution.current_owner(pairs.caller(load_call))
     return {"kind": "load", "models": models, "node": node._asdict()}
 
 

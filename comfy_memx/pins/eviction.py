@@ -16,6 +16,7 @@ pins as a ``pin_evict`` event with ``by="comfyui"``.  The innermost observed cal
 calls ``free_model_pins`` once per tier), the outer ones find nothing left to report.
 """
 
+from comfy_memx.core import guard
 from comfy_memx.core.state import STATE
 from comfy_memx.pins import layout, loadscope, owners, reconcile
 from comfy_memx.pins.context import call, current, describe, pin_lock
@@ -31,7 +32,11 @@ def reorders_eviction(mm):
 def free_registrations_mru(mm, shortfall, evict_active=True):
     """ComfyUI 0.27.0's ``free_registrations`` with the walk reversed: unregister dynamic pins of other models,
     most recently used first, until ``shortfall`` plus ComfyUI's hysteresis is covered; inactive models before
-    active ones, active ones only with ``evict_active``; never a model of the load in progress.  Same result."""
+    active ones, active ones only with ``evict_active``; never a model of the load in progress.  Same result.
+
+    The order is decided before ComfyUI unregisters anything, and the books are settled after the walk (an error
+    there is logged, never raised): when this fails, it failed before any of ComfyUI's pins moved, so the wrapper
+    can run ComfyUI's own walk instead and get ComfyUI's own answer."""
     if getattr(mm, "MAX_PINNED_MEMORY", 0) <= 0:
         return False
     if shortfall <= 0:
@@ -39,28 +44,39 @@ def free_registrations_mru(mm, shortfall, evict_active=True):
     hysteresis = getattr(mm, "REGISTERABLE_PIN_HYSTERESIS", 0)
     remaining = shortfall + hysteresis
     with pin_lock():
-        for active in ((False, True) if evict_active else (False,)):
-            for patcher, _model_id in _dynamic_candidates(mm, active):
+        order = _eviction_order(mm, evict_active)
+        try:
+            for patcher in order:
                 remaining -= patcher.unregister_inactive_pins(remaining)
-                after_comfyui_eviction("cap")
                 if remaining <= 0:
                     return True
-    return remaining <= hysteresis
+            return remaining <= hysteresis
+        finally:   # the books: an error there is comfy_memx's, never a reason to walk again
+            guard.call("pin eviction bookkeeping", after_comfyui_eviction, "cap")
 
 
 def free_pins_mru(mm, size, evict_active=False):
     """ComfyUI 0.27.0's ``free_pins`` with the walk reversed: free (``partially_unload_ram``) up to ``size`` bytes
     of other dynamic models' pins, most recently used first, only inactive ones unless ``evict_active``, never a
-    model of the load in progress.  Returns the bytes freed, as ComfyUI does."""
+    model of the load in progress.  Returns the bytes freed, as ComfyUI does.  Decided before and booked after the
+    walk, as :func:`free_registrations_mru`."""
     freed_total = 0
     with pin_lock():
-        for active in ((False, True) if evict_active else (False,)):
-            for patcher, _model_id in _dynamic_candidates(mm, active):
+        order = _eviction_order(mm, evict_active)
+        try:
+            for patcher in order:
                 if size - freed_total <= 0:
                     return freed_total
                 freed_total += patcher.partially_unload_ram(size - freed_total)
-                after_comfyui_eviction("ram_pressure")
-    return freed_total
+            return freed_total
+        finally:
+            guard.call("pin eviction bookkeeping", after_comfyui_eviction, "ram_pressure")
+
+
+def _eviction_order(mm, evict_active):
+    """The patchers an MRU walk visits: inactive models first, then (with ``evict_active``) active ones."""
+    return [patcher for active in ((False, True) if evict_active else (False,))
+            for patcher, _model_id in _dynamic_candidates(mm, active)]
 
 
 def after_comfyui_eviction(reason):

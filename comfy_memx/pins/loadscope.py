@@ -1,41 +1,37 @@
 """The load in progress, protected from pin eviction: within one ``load_models_gpu`` nothing is unpinned and pinned
 again.
 
-Which models a load is loading comes from the model_management patch: its ``load_models_gpu`` wrapper keeps each
-call in ``STATE.stacks.loads`` (a ``LoadCall`` with the ``models`` argument) that dies when the call returns.  The
-budget protects a load (:meth:`~comfy_memx.pins.budget.PinBudget.begin_load`) from the first pin decision seen inside it
-until that LoadCall dies (weakref callback) or a pin is seen outside any load, whichever comes first, so no load
-outlives its call.  When the load ends the budget is settled to ComfyUI's counters, as models unloaded during the
-load dropped their pins on paths comfy_memx does not wrap.  With the model_management patch disabled, only the
-requesting model is protected.
+Which models a load is loading comes from the model_management patch: its ``load_models_gpu`` wrapper runs the
+``load`` pair (``comfy_memx.core.signals``), whose record of the call in progress keeps its ``models`` by weakref.
+The budget protects a load (:meth:`~comfy_memx.pins.budget.PinBudget.begin_load`) from the first pin decision seen
+inside it until the call ends (:func:`end_with_load`, the pin wing's "after" half of ``load``) or a pin is seen
+outside any load, whichever comes first, so no load outlives its call.  When the load ends the budget is settled to
+ComfyUI's counters, as models unloaded during the load dropped their pins on paths comfy_memx does not wrap.  With
+the model_management patch disabled, only the requesting model is protected.
 
-``_scope_lock`` (a plain Lock) only guards the ``open`` flag of one scope; nothing allocates while it is held, so
-the weakref callback that takes it cannot deadlock.
+``_scope_lock`` (a plain Lock) only guards the ``open`` flag of one scope; nothing allocates while it is held.
 """
 
 import threading
-import weakref
 
-from comfy_memx.core.state import STATE
+from comfy_memx.core import pairs, signals
 from comfy_memx.pins import owners, reconcile
-from comfy_memx.pins.context import call, later_or_now, session
+from comfy_memx.pins.context import call, session
 
 _scope_lock = threading.Lock()
 
 
 class ProtectedLoad:
-    """One load_models_gpu call that the budget protects; ends when its ``LoadCall`` dies or a pin is seen outside
+    """One load_models_gpu call that the budget protects (``token``: the id of the ``load`` pair's record of the call,
+    which is on this thread's stack for as long as the call runs); ends with the call or when a pin is seen outside
     it, whichever comes first."""
-    __slots__ = ("model_ids", "budget", "token_ref", "open", "__weakref__")
+    __slots__ = ("model_ids", "budget", "token", "open")
 
-    def __init__(self, model_ids, budget, token):
+    def __init__(self, model_ids, budget, load):
         self.model_ids = model_ids
         self.budget = budget
         self.open = True
-        self.token_ref = weakref.ref(token, self._token_gone)
-
-    def _token_gone(self, _ref):
-        later_or_now(self.end)
+        self.token = id(load)
 
     def end(self):
         """Stop protecting this load (once), and settle the budget to ComfyUI's counters."""
@@ -49,6 +45,17 @@ class ProtectedLoad:
             reconcile.sync(state)
 
 
+def end_with_load():
+    """This thread's ``load_models_gpu`` call is ending (its record still on the stack): stop protecting it, if it is
+    the protected one."""
+    local = session().local
+    scope = getattr(local, "scope", None)
+    load = signals.load.current()
+    if scope is not None and scope.open and load is not None and scope.token == id(load):
+        local.scope = None
+        scope.end()
+
+
 def protected_ids():
     """The model_ids of this thread's load in progress (empty outside a load)."""
     scope = getattr(session().local, "scope", None)
@@ -57,8 +64,7 @@ def protected_ids():
 
 def sync_load_scope(state):
     """Make the budget's load protection follow this thread's innermost ``load_models_gpu`` call."""
-    loads = STATE.stacks.loads
-    load = loads[-1] if loads else None
+    load = signals.load.current()
     local = session().local
     current = getattr(local, "scope", None)
     if load is None:
@@ -66,11 +72,11 @@ def sync_load_scope(state):
             local.scope = None
             current.end()
         return
-    if current is not None and current.open and current.token_ref() is load:
+    if current is not None and current.open and current.token == id(load):
         return
     if current is not None:
         current.end()
-    model_ids = [owners.patcher_model_id(p) for p in list(load.models or ()) if getattr(p, "model", None) is not None]
+    model_ids = [owners.patcher_model_id(p) for p in pairs.subjects(load) if getattr(p, "model", None) is not None]
     scope = ProtectedLoad(tuple(dict.fromkeys(model_ids)), state.budget, load)
     local.scope = scope
     call(state.budget.begin_load, scope.model_ids)

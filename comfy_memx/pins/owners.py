@@ -12,6 +12,7 @@ the model) and, for dynamic pins, its torch module (``State.dynamic``, read by :
 
 import weakref
 
+from comfy_memx.core import guard
 from comfy_memx.core.state import STATE
 from comfy_memx.pins import layout
 from comfy_memx.pins.context import UNATTRIBUTED, call, later_or_now, session
@@ -49,7 +50,7 @@ def record_id(module, patcher=None):
         record.add_patcher(patcher)
     state = session().current
     if state is not None and record.model_id not in state.records:
-        state.records[record.model_id] = weakref.ref(record, _record_gone(record.model_id))
+        state.records[record.model_id] = weakref.ref(record, guard.callback("pins.record_gone", _record_gone(record.model_id)))
     return record.model_id
 
 

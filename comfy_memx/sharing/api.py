@@ -3,8 +3,8 @@ modules can move without touching a subscription.  No other wing calls it, and i
 are built with the route kit (``comfy_memx.routekit``), and its unloads go through the function the surface offers
 when the server starts (the signal ``worker_unload_offered``).
 
-:func:`serve` (routes and services on ComfyUI's server), :func:`prompt_started` / :func:`prompt_ended` (activity,
-and what a hand-off peer says it holds),
+:func:`serve` (routes and services on ComfyUI's server), :func:`prompt_started` / :func:`prompt_ended` (activity),
+:func:`publish_held` (what a hand-off peer says it holds, after each prompt),
 :func:`before_load` (ask idle peers for room before a load).
 """
 
@@ -13,7 +13,7 @@ import sys
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.state import STATE
 from comfy_memx.sharing import activity, handoff, idle, routes, worker
-from comfy_memx.sharing.activity import prompt_started  # noqa: F401
+from comfy_memx.sharing.activity import prompt_ended, prompt_started  # noqa: F401
 
 
 def serve(server):
@@ -26,10 +26,9 @@ def serve(server):
     handoff.start_safely(getattr(args, "port", None), getattr(args, "listen", None))
 
 
-def prompt_ended():
-    """A prompt ended: this instance is active; with ``COMFY_MEMX_HANDOFF=host`` it publishes what it holds now (the
-    bound of what its peers believe it freed)."""
-    activity.prompt_ended()
+def publish_held():
+    """After a prompt, with ``COMFY_MEMX_HANDOFF=host``: publish what this instance holds now (the bound of what its
+    peers believe it freed)."""
     if STATE.config.handoff == "host":
         try:
             handoff.publish_held()
@@ -37,8 +36,9 @@ def prompt_ended():
             internal_error("GPU hand-off registry", exc)
 
 
-def before_load(model_management, models):
-    """Before ComfyUI's ``load_models_gpu`` call: with ``COMFY_MEMX_HANDOFF=host``, ask the
-    idle peers on this device to unload when it is short of room for ``models``."""
+def before_load(model_management, models, caller_frame):
+    """The ``load`` pair's "before" half (ComfyUI's ``load_models_gpu`` call from ``caller_frame`` is about to run):
+    with ``COMFY_MEMX_HANDOFF=host``, ask the idle peers on this device to unload when it is short of room for
+    ``models``."""
     if STATE.config.handoff == "host":
         handoff.before_load(model_management, models)

@@ -1,8 +1,10 @@
-"""The GPU-sharing wing's reactions to ComfyUI's events: every ``comfy_memx.core.signals`` signal it subscribes to.
+"""The GPU-sharing wing's reactions to ComfyUI's events: every ``comfy_memx.core.signals`` pair and signal it
+subscribes to.
 
-Imported by the bootstrap before any patch is applied: prompt activity (for the idle unload), a load short of room
-(asks idle peers first), the server's start (its routes and services), and the worker's unload that the surface
-offers when its routes are up (how this wing unloads, without importing the surface).
+Imported by the bootstrap before any patch is applied: prompt activity (for the idle unload), what a hand-off peer
+publishes after each prompt, a load short of room (asks idle peers first), the server's start (its routes and
+services), and the worker's unload that the surface offers when its routes are up (how this wing unloads, without
+importing the surface).  Each subscription does one job.
 """
 
 from comfy_memx.core import signals
@@ -10,23 +12,21 @@ from comfy_memx.sharing import api as sharing
 from comfy_memx.sharing import worker
 
 
-@signals.prompt_started.subscribe
 def prompt_started(prompt_id, prompt):
-    """A prompt starts: this instance is active."""
+    """A prompt starts: this instance is active (the memo says so to the other half)."""
     sharing.prompt_started()
+    return True
 
 
-@signals.prompt_ended.subscribe
-def prompt_ended():
-    """A prompt ended."""
+def prompt_ended(_started):
+    """The prompt of :func:`prompt_started` ended."""
     sharing.prompt_ended()
 
 
-@signals.load_starting.subscribe
-def before_load(mm, models, caller_frame):
-    """With ``COMFY_MEMX_HANDOFF=host``, ask the idle peers on this device for room for ``models``."""
-    sharing.before_load(mm, models)
+signals.prompt.subscribe(prompt_started, prompt_ended)
+signals.prompt.subscribe(after=sharing.publish_held)
 
 
+signals.load.subscribe(sharing.before_load)
 signals.routes_adding.subscribe(sharing.serve)
 signals.worker_unload_offered.subscribe(worker.use)

@@ -10,6 +10,7 @@ name                                       type       labels
 comfy_memx_info                            gauge      version, leak_mode, source: 1 while comfy_memx is active
 comfy_memx_patch_sites                     gauge      state (patched/rewrapped/skipped): number of patch sites
 comfy_memx_patch_skipped                   gauge      patch, site, reason (absent/disabled/not_imported/other): 1
+comfy_memx_internal_errors_total           counter    site: comfy_memx's own errors (logged once, swallowed)
 comfy_memx_loaded_bytes                    gauge      device: weights loaded on each load device
 comfy_memx_model_loaded_bytes              gauge      model, package, device (copies of one model summed)
 comfy_memx_model_bytes                     gauge      model, package, state (loaded/offloaded/built/leaked)
@@ -82,7 +83,7 @@ import os
 import time
 
 from comfy_memx._version import __version__
-from comfy_memx.core.errors import MemxError
+from comfy_memx.core.errors import MemxError, error_counts
 from comfy_memx.core.state import STATE
 from comfy_memx.surface import readmodel, retention
 
@@ -498,6 +499,12 @@ class _StateCollector:
             sites.add_metric([state], number)
         yield sites
         yield skipped
+        errors = self._pc.core.CounterMetricFamily(
+            PREFIX + "internal_errors", "Errors in comfy_memx's own bookkeeping, by site (each logged once and "
+            "swallowed: ComfyUI went on); at most 64 sites, later ones counted as other", labels=["site"])
+        for site, number in sorted((facts.get("internal_errors") or {}).items()):
+            errors.add_metric([str(site)], number)
+        yield errors
 
 
 def _loader_package(row):
@@ -553,16 +560,17 @@ def skip_reason(reason):
 
 
 def process_facts():
-    """``{"version", "leak_mode", "source", "sites"}`` of this process: comfy_memx's version, its leak mode, how it
-    was activated, and every patch site with its state (sites of patches whose target is not imported yet count
-    as skipped, as in the startup line)."""
+    """``{"version", "leak_mode", "source", "sites", "internal_errors"}`` of this process: comfy_memx's version, its
+    leak mode, how it was activated, every patch site with its state (sites of patches whose target is not imported
+    yet count as skipped, as in the startup line) and its internal errors by site."""
     from comfy_memx.core import registry
 
     sites = registry.site_status()
     for name, target in list(registry.table().armed.items()):
         for site in registry.patch_of(name).sites:
             sites.append({"patch": name, "site": site, "state": "skipped", "reason": f"{target} not imported"})
-    return {"version": __version__, "leak_mode": STATE.config.leak_mode, "source": STATE.source, "sites": sites}
+    return {"version": __version__, "leak_mode": STATE.config.leak_mode, "source": STATE.source, "sites": sites,
+            "internal_errors": error_counts()}
 
 
 def _package(event):

@@ -47,6 +47,7 @@ import json
 import logging
 
 from comfy_memx.core import registry
+from comfy_memx.core.errors import error_counts
 from comfy_memx.core.state import STATE
 from comfy_memx.fleet import api as fleet
 from comfy_memx.leaks import api as leaks
@@ -102,15 +103,17 @@ class Handlers:
     async def status(self, request):
         """GET /memx/status: comfy_memx's version, how it was activated, its leak mode and every patch site's state
         (``patched``, ``skipped`` with its reason, or ``rewrapped``: another pack replaced it, comfy_memx wraps the
-        replacement), the pinned bytes against the caps (``readmodel.pin_facts``, as in the metrics), and this
-        process's resident memory (``process``: ``rss_bytes``, what the panel shows beside the machine's RAM).
-        Nothing of the settings' values beyond the leak mode, the release policy and its packages, and the pin cap
-        in force."""
+        replacement), the pinned bytes against the caps (``readmodel.pin_facts``, as in the metrics), this process's
+        resident memory (``process``: ``rss_bytes``, what the panel shows beside the machine's RAM) and
+        ``internal_errors``: comfy_memx's own errors by site (each logged once and swallowed; the
+        ``comfy_memx_internal_errors_total`` metric).  Nothing of the settings' values beyond the leak mode, the
+        release policy and its packages, and the pin cap in force."""
         from comfy_memx._version import __version__
         return answer({"version": __version__, "source": STATE.source, "leak_mode": STATE.config.leak_mode,
                       "release": STATE.config.release, "release_packages": list(STATE.config.release_packages),
                       "sites": registry.site_status(),
-                      "pins": readmodel.pin_facts(), "process": {"rss_bytes": retention.rss_bytes()}})
+                      "pins": readmodel.pin_facts(), "process": {"rss_bytes": retention.rss_bytes()},
+                      "internal_errors": error_counts()})
 
     async def releases(self, request):
         """GET /memx/releases: the receipts of the last releases tried (``surface.releases``), whatever started

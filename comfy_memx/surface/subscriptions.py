@@ -1,6 +1,6 @@
 """The surface's reactions to ComfyUI's events: every ``comfy_memx.core.signals`` signal it subscribes to.
 
-Imported by the bootstrap before any patch is applied.  ComfyUI's server: the routes and metrics, and the worker's
+Imported by the bootstrap before any patch is applied; each subscription does one job.  ComfyUI's server: the routes and metrics, and the worker's
 unload offered to the sharing wing (``worker_unload_offered``), so neither wing imports the other.  ComfyUI's prompt
 worker: the free-request desk follows a ``/memx/free`` through the flags, the unload and the cache reset.
 """
@@ -11,8 +11,13 @@ from comfy_memx.surface import api as surface
 
 @signals.routes_adding.subscribe
 def serve(server):
-    """Add comfy_memx's routes to ComfyUI's server, then offer the worker's unload to whoever needs it."""
+    """Add comfy_memx's routes to ComfyUI's server."""
     surface.serve(server)
+
+
+@signals.routes_adding.subscribe
+def offer_worker_unload(server):
+    """Offer the worker's unload to whoever needs it (the sharing wing's idle unload and hand-off)."""
     signals.worker_unload_offered.fire(surface.unload_now)
 
 

@@ -17,10 +17,10 @@ import weakref
 
 import pytest
 
+from comfy_memx.core import signals
 from comfy_memx.core.state import STATE
 from comfy_memx.leaks import watch as leakwatch
 from comfy_memx.leaks.holders import packages
-from comfy_memx.ledger import attribution
 from memx_helpers import load_module, memx_on, read_events
 
 VERSIONS = ["0.3.64", "0.27.0"]
@@ -105,11 +105,11 @@ def leak_all(loader, holders):
 
 
 def in_prompt(mm, prompt_id):
-    attribution.begin_prompt(prompt_id, {})
+    call = signals.prompt.before(prompt_id, {})
     try:
         mm.cleanup_models_gc()
     finally:
-        attribution.end_prompt()
+        signals.prompt.after(call)
 
 
 def leak_events(events):

@@ -108,7 +108,7 @@ def test_bookkeeping_errors_never_fail_comfyui_in_production(version, monkeypatc
         monkeypatch.setattr(STATE.errors, "reported_kinds", set())
         for _ in range(3):
             assert mm.load_models_gpu([make_patcher()]) is None
-        reports = [r for r in caplog.records if "internal error in model_loaded -> " in r.getMessage()]
+        reports = [r for r in caplog.records if "internal error in model_load.after -> " in r.getMessage()]
         assert len(reports) == 1 and reports[0].levelno == logging.WARNING
 
 

@@ -10,10 +10,10 @@ import weakref
 
 import pytest
 
+from comfy_memx.core import signals
 from comfy_memx.core.state import STATE
 from comfy_memx.leaks import release as releases
 from comfy_memx.leaks import watch as leakwatch
-from comfy_memx.ledger import attribution
 from memx_helpers import memx_on, read_events
 
 VERSIONS = ["0.3.64", "0.27.0"]
@@ -243,11 +243,11 @@ def test_a_model_that_comfyuis_loaded_list_uses_is_refused(world):
 @pytest.mark.parametrize("world", VERSIONS, indirect=True)
 def test_a_model_loaded_by_the_running_prompt_is_refused(world, monkeypatch):
     mm, pack, _ = world
-    attribution.begin_prompt("p-running", {"1": {"class_type": "Loader"}})
+    call = signals.prompt.before("p-running", {"1": {"class_type": "Loader"}})
     try:
         probe, record = leak(mm, pack, lambda m: pack.REGISTRY.__setitem__("unet", m))
     finally:
-        attribution.end_prompt()
+        signals.prompt.after(call)
     assert record.owner.prompt_id == "p-running"
     queue = types.SimpleNamespace(currently_running={7: (7, "p-running", {}, {}, [])})
     server = types.SimpleNamespace(PromptServer=types.SimpleNamespace(instance=types.SimpleNamespace(prompt_queue=queue)))

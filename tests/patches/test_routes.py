@@ -166,8 +166,9 @@ def test_status_route_says_each_sites_state_and_a_replaced_one_as_rewrapped(vers
 
     (status, before), (_, after) = serve(version, tmp_path, scenario)
     assert status == 200 and set(before) == {"version", "source", "leak_mode", "release", "release_packages", "sites",
-                                             "pins", "process"}
+                                             "pins", "process", "internal_errors"}
     assert before["process"]["rss_bytes"] > 0   # this process's own resident memory, shown beside the machine's RAM
+    assert before["internal_errors"] == {} == after["internal_errors"]
     assert before["release"] == "off"   # opt-in: nothing is ever cut unless COMFY_MEMX_RELEASE says so
     states = {row["site"]: row["state"] for row in before["sites"]}
     assert states["load_models_gpu"] == "patched" and before["leak_mode"] == "report"

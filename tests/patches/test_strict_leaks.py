@@ -12,10 +12,10 @@ import weakref
 
 import pytest
 
+from comfy_memx.core import signals
 from comfy_memx.core.state import STATE
 from comfy_memx.leaks import patterns
 from comfy_memx.leaks import watch as leakwatch
-from comfy_memx.ledger import attribution
 from fake_comfy.loader import shape_root
 from memx_helpers import memx_on, mode_of, read_events, umask
 
@@ -259,11 +259,11 @@ def test_thread_local_variable_is_a_root(strict):
 def in_prompts(count, start=0):
     """``count`` prompt windows, as the execution patch opens them around each prompt."""
     for number in range(start, start + count):
-        attribution.begin_prompt(f"p{number}", {})
+        call = signals.prompt.before(f"p{number}", {})
         try:
             yield f"p{number}"
         finally:
-            attribution.end_prompt()
+            signals.prompt.after(call)
 
 
 class CountingSearches:

@@ -155,7 +155,8 @@ def every_family_exported():
                                              "release": {"last": "in_use"}}],
                         pin_facts=lambda: {"pinned_bytes": 1, "cap_bytes": 2, "comfyui_cap_bytes": 3},
                         process_facts=lambda: {"sites": [{"patch": "p", "site": "s", "state": "skipped",
-                                                          "reason": "absent in this ComfyUI"}]})
+                                                          "reason": "absent in this ComfyUI"}],
+                                               "internal_errors": {"s": 1}})
     for event in [
         {"event": "load", "owner": owner, "bytes": 1, "seconds": 1.0, "gb_per_s": 1.0,
          "reload": {"package": "p", "seconds": 1.0}},

@@ -7,11 +7,14 @@ every interleaving below is deterministic.
 
 import gc
 import queue as queue_module
+import sys
 import threading
+import types
 import weakref
 
+from comfy_memx.core import signals
 from comfy_memx.core.state import STATE
-from comfy_memx.ledger import accounting
+from comfy_memx.ledger import subscriptions as ledger_subscriptions  # noqa: F401  (the unload scope's reason)
 from comfy_memx.surface import freeing
 from comfy_memx.surface import subscriptions  # noqa: F401  (the desk follows the worker through its signals)
 
@@ -88,10 +91,17 @@ class Worker:
 
     def unload(self):
         if self.read.get("unload_models", self.read.get("free_memory", False)):
-            accounting.push_reason("free_request")
-            accounting.push_reason("memory_pressure", keep_outer=True)  # free_memory inside unload_all_models
-            accounting.pop_reason()
-            accounting.pop_reason()
+            self.prompt_worker()
+
+    @staticmethod
+    def prompt_worker():
+        """ComfyUI's worker (by its name: its ``unload_all_models`` serves free flags) running ``unload_all_models``,
+        whose ``free_memory`` keeps the outer scope's reason."""
+        mm = types.SimpleNamespace()
+        outer = signals.unload_scope.before(mm, "unload_all_models", sys._getframe())
+        inner = signals.unload_scope.before(mm, "free_memory", sys._getframe())
+        signals.unload_scope.after(inner, mm, "free_memory")
+        signals.unload_scope.after(outer, mm, "unload_all_models")
 
     def reset(self):
         if self.read.get("free_memory"):
@@ -248,11 +258,15 @@ def test_unloads_of_the_run_are_collected_from_the_event_stream(monkeypatch):
     try:
         STATE.events.emit("unload", model="M", model_id="M#9", reason="free_request", bytes=5, device="cpu")
 
-        def unload_with_events():
-            accounting.push_reason("free_request")
+        def prompt_worker():   # ComfyUI's worker, by its name: its unload_all_models serves free flags
+            mm = types.SimpleNamespace()
+            scope = signals.unload_scope.before(mm, "unload_all_models", sys._getframe())
             STATE.events.emit("unload", model="M", model_id="M#1", reason="free_request", bytes=7, device="cuda:0")
             STATE.events.emit("unload", model="M", model_id="M#2", reason="other", bytes=3, device="cuda:0")
-            accounting.pop_reason()
+            signals.unload_scope.after(scope, mm, "unload_all_models")
+
+        def unload_with_events():
+            prompt_worker()
         worker.on_thread(worker.read_flags, unload_with_events, worker.reset, gc.collect)
         assert ticket.done
         assert ticket.run.unloads == [{"model": "M", "model_id": "M#1", "bytes": 7, "device": "cuda:0"}]

@@ -174,3 +174,25 @@ def test_reloads_are_counted_by_model_and_causing_package():
     labels = (("cause_package", "ComfyUI-Unload-Model"), ("model", "BaseModel"))
     assert samples[("comfy_memx_reloads_total", labels)] == 2
     assert samples[("comfy_memx_reload_seconds_total", labels)] == 4.0
+
+
+def test_internal_errors_are_counted_by_site():
+    facts = {"version": "x", "leak_mode": "report", "source": "api", "sites": [],
+             "internal_errors": {"load.after -> comfy_memx.ledger.accounting.end_load": 3, "other": 1}}
+    m = metrics.Metrics(model_rows=lambda: [], pin_facts=lambda: {}, process_facts=lambda: facts)
+    s = samples_of(m.exposition()[0].decode())
+    assert s[("comfy_memx_internal_errors_total", (("site", "load.after -> comfy_memx.ledger.accounting.end_load"),))] == 3
+    assert s[("comfy_memx_internal_errors_total", (("site", "other"),))] == 1
+    facts["internal_errors"] = {}
+    assert not [key for key in samples_of(m.exposition()[0].decode()) if key[0] == "comfy_memx_internal_errors_total"]
+
+
+def test_process_facts_carry_this_process_internal_errors():
+    from comfy_memx.core.errors import internal_error
+    STATE.reset()
+    try:
+        internal_error("a site", ValueError("counted"))
+        internal_error("a site", ValueError("counted"))
+        assert metrics.process_facts()["internal_errors"] == {"a site": 2}
+    finally:
+        STATE.reset()
