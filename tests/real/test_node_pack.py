@@ -107,10 +107,13 @@ def serve(tmp_path, tree, python, launcher="plain", kind="clone", folder="comfy_
         status = session.call("status", "GET", "/memx/status")
         prompt = session.prompt("load", drive.scenario_steps("basic")[0]["prompt"])
         models = session.call("models", "GET", "/memx/models")
+        extensions = session.call("extensions", "GET", "/extensions")
+        panel = session.call("panel", "GET", f"/extensions/{folder}/memx_panel.js")
     finally:
         session.stop()
     log = "\n".join(drive.strip_ansi(line) for line in session.log_text().splitlines())
-    return {"status": status, "prompt": prompt, "models": models, "log": log, "pack_dir": pack_dir}
+    return {"status": status, "prompt": prompt, "models": models, "log": log, "pack_dir": pack_dir,
+            "extensions": extensions, "panel": panel}
 
 
 def assert_model_load_recorded(result):
@@ -149,6 +152,12 @@ def test_the_pack_activates_comfy_memx_late_in_plain_comfyui(tmp_path, tree, kin
     assert "Unable to parse pyproject.toml" not in log     # ComfyUI's own parser reads [project] / [tool.comfy]
     assert "Cannot import" not in log
     assert_model_load_recorded(result)
+    # ComfyUI serves the pack's WEB_DIRECTORY: the panel's script is listed once for the frontend and served (the
+    # browser tests render it on the newest tree)
+    listed = [url for url in result["extensions"]["body"] if url.endswith("/memx_panel.js")]
+    assert listed == [f"/extensions/{folder}/memx_panel.js"], result["extensions"]
+    assert result["panel"]["http_status"] == 200
+    assert result["panel"]["body"] == (pack_dir / "comfy_memx" / "web" / "memx_panel.js").read_text(encoding="utf-8")
 
 
 COMBINATIONS = {"launcher": ("module", {}), "env": ("env", {}), "launcher and env": ("module", {"COMFY_MEMX": "1"})}

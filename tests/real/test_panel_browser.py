@@ -1,7 +1,7 @@
 """The memory panel in real Chromium on real ComfyUI (opt-in, as ``test_real_comfyui.py``; Debian's ``chromium``
 driven by Playwright for Python, never a downloaded browser).
 
-One session per tree and install kind: ComfyUI with comfy_memx (strict leak mode), the innocent
+One session per install kind, on the newest tree: ComfyUI with comfy_memx (strict leak mode), the innocent
 ``memx_utility_belt`` loading a model that ``memx_list_keeper`` keeps, then Chromium opens ComfyUI's page, opens
 the "Memory" sidebar tab and reads what a person sees: the leaked model with its holder package and fix, the
 timeline drawn with its marks, the Free button's receipt listing the survivor, the panel again after 50 prompts,
@@ -18,7 +18,7 @@ import pytest
 
 from memx_helpers import load_module
 from test_real_comfyui import (configured_python, drive, memx_importable_by_real_python,  # noqa: F401
-                               needs_real_comfyui, real_trees, ready, run_session, where)
+                               needs_real_comfyui, newest_tree_only, ready, run_session, where)
 
 pytestmark = [pytest.mark.real, pytest.mark.browser]
 
@@ -309,14 +309,12 @@ def seen_of(browser_session, tree, kind):
 
 
 def browser_cases():
-    """``(tree, kind)`` of every browser session: the node pack on every tree (ComfyUI's own start command, the
-    install that must work on each version), the launcher on the first and the last tree named, and
-    ``COMFY_MEMX=1`` on the last (each session is two to three minutes of CI)."""
-    first, last = real_trees[0], real_trees[-1]
-    cases = [pytest.param(tree.values[0], "node_pack", id=f"{tree.id}-node_pack") for tree in real_trees]
-    cases += [pytest.param(tree.values[0], "launcher", id=f"{tree.id}-launcher") for tree in {first.id: first,
-                                                                                               last.id: last}.values()]
-    return cases + [pytest.param(last.values[0], "env", id=f"{last.id}-env")]
+    """``(tree, kind)`` of every browser session: each install kind on the newest tree (each session is two to three
+    minutes of CI).  The page is the same on every tree: one frontend package (.ci/comfyui-env's, for all trees) and
+    the same panel script; what differs per tree and kind is whether ComfyUI lists and serves the script, which
+    test_real_comfyui.py (the launcher, COMFY_MEMX=1) and test_node_pack.py (the node pack) check on every tree."""
+    [newest] = newest_tree_only
+    return [pytest.param(newest.values[0], kind, id=f"{newest.id}-{kind}") for kind in ("node_pack", "launcher", "env")]
 
 
 def browser_test(test):

@@ -57,6 +57,7 @@ CHECKPOINT_ENV = "COMFY_MEMX_REAL_CHECKPOINT"
 UNLOAD_PACK = "memx_unload_nodes"
 PATCHER_PACK = str(REAL_COMFY_DIR / "memx_multigpu_like")
 TEST_PACK = "memx_test_nodes"
+PANEL_SCRIPT = "memx_panel.js"
 
 
 node_pack = load_module("memx_real_comfy_nodes", Path(pack_source(TEST_PACK)) / "__init__.py")
@@ -504,6 +505,14 @@ def tree_version(tree):
 # The sessions (each runs once per tree; see the module docstring)
 # ---------------------------------------------------------------------------------------------------------------
 
+def fetch_panel_script(session):
+    """``GET /extensions`` (the scripts ComfyUI's frontend imports) and the panel's script as listed there: how the
+    panel reaches the browser on this tree (the browser tests render it on the newest tree)."""
+    listing = session.call("extensions", "GET", "/extensions")["body"]
+    listed = [url for url in listing if url.endswith("/" + PANEL_SCRIPT)] if isinstance(listing, list) else []
+    session.call("panel_script", "GET", listed[0] if listed else f"/extensions/comfy_memx/{PANEL_SCRIPT}")
+
+
 def run_report_session(session):
     session.prompt("first", tiny_prompt("memx-basic", 1))
     session.prompt("reseeded", tiny_prompt("memx-basic", 2))
@@ -512,6 +521,7 @@ def run_report_session(session):
             session.prompt(step["name"], step["prompt"])
     session.comfy_free("comfy_free")
     session.prompt("after_comfy_free", tiny_prompt("memx-basic", 3))
+    fetch_panel_script(session)
 
 
 def run_strict_session(session):
@@ -566,6 +576,7 @@ def run_strict_session(session):
     session.finish(busy)["running_when_freed"] = running
     session.prompt("after_other_1", tiny_prompt("memx-conc-3", 17))
     session.prompt("after_other_2", tiny_prompt("memx-conc-3", 18))
+    fetch_panel_script(session)
 
 
 def run_t2i_session(session):
@@ -589,8 +600,40 @@ SESSIONS = {
 }
 
 
-real_trees = [pytest.param(tree, id=os.path.basename(os.path.normpath(tree))) for tree in configured_trees()] or [
-    pytest.param("<unset>", id="no-tree")]
+# Which real trees a test runs on (docs/development.md, "Real ComfyUI trees and CI", has the table per test file).
+# ``real_trees``: every tree, for what differs between them: the patch sites (0.3.64 has no comfy/pinned_memory.py,
+# no unload_model_and_clones), the pin code (none in 0.3.64, per subset in 0.33.0), ComfyUI's own behaviour a test
+# depends on (free_memory's signature and loop, unload_all_models, the output caches and what holds a model, the
+# prompt worker's free flags, the server's middlewares).  ``oldest_and_newest_trees``: for a check of ComfyUI's
+# load/unload/free path alone, which on CPU is the same in 0.27.0 as in 0.33.0 (they differ in the dynamic-VRAM pin
+# tiers, which need CUDA, in debug logging and in the pinned-memory cap); 0.3.64's differs.  ``newest_tree_only``: for
+# a check whose tree-dependent part another test makes on every tree (the SD1.5 sessions, the browser, the fleet
+# end-to-end test, Inspire-Pack), so that the older trees would only repeat comfy_memx's own code.
+def version_key(tree):
+    """``tree``'s ComfyUI version as a tuple of ints, for ordering; () when the tree has no readable version."""
+    try:
+        return tuple(int(part) for part in re.findall(r"\d+", tree_version(tree)))
+    except (OSError, AttributeError):
+        return ()
+
+
+def _tree_params(trees):
+    return [pytest.param(tree, id=os.path.basename(os.path.normpath(tree))) for tree in trees] or [
+        pytest.param("<unset>", id="no-tree")]
+
+
+def _by_version():
+    trees = configured_trees()
+    return sorted(trees, key=lambda tree: (version_key(tree), trees.index(tree)))
+
+
+real_trees = _tree_params(configured_trees())
+newest_tree_only = _tree_params(_by_version()[-1:])
+oldest_and_newest_trees = _tree_params(list(dict.fromkeys(_by_version()[:1] + _by_version()[-1:])))
+# the sessions' trees: the SD1.5 session checks ComfyUI's load/unload/free path (see above)
+SESSION_TREES = {"report": real_trees, "strict": real_trees, "t2i": oldest_and_newest_trees}
+session_cases = [pytest.param(tree.values[0], name, id=f"{tree.id}-{name}")
+                 for tree in real_trees for name in sorted(SESSIONS) if tree in SESSION_TREES[name]]
 needs_real_comfyui = pytest.mark.skipif(
     not (configured_trees() and configured_python()),
     reason=f"set {TREES_ENV} (ComfyUI trees, os.pathsep-separated) and {PYTHON_ENV} (their interpreter) "
@@ -697,8 +740,7 @@ def assert_prompts_ok(session, *names):
 # ---------------------------------------------------------------------------------------------------------------
 
 @needs_real_comfyui
-@pytest.mark.parametrize("name", sorted(SESSIONS))
-@pytest.mark.parametrize("tree", real_trees)
+@pytest.mark.parametrize("tree,name", session_cases)
 def test_session_ran_and_stopped_on_sigint(tree, name, real_session):
     session = ready(real_session(tree, name))
     assert session.comfyui_version == tree_version(tree), where(session)
@@ -710,8 +752,7 @@ def test_session_ran_and_stopped_on_sigint(tree, name, real_session):
 
 
 @needs_real_comfyui
-@pytest.mark.parametrize("name", sorted(SESSIONS))
-@pytest.mark.parametrize("tree", real_trees)
+@pytest.mark.parametrize("tree,name", session_cases)
 def test_startup_line_patches_every_site_the_tree_defines(tree, name, real_session):
     session = ready(real_session(tree, name))
     log = session.log_text()
@@ -727,6 +768,23 @@ def test_startup_line_patches_every_site_the_tree_defines(tree, name, real_sessi
              for site in patched + skipped
              if site_in_tree(tree, site) is not None and site_in_tree(tree, site) != (site in patched)}
     assert not wrong, f"site patched although absent, or skipped although defined in {tree}: {wrong}"
+
+
+@needs_real_comfyui
+@pytest.mark.parametrize("tree", real_trees)
+@pytest.mark.parametrize("name", ["report", "strict"])
+def test_comfyui_lists_the_panel_script_once_and_serves_it(tree, name, real_session):
+    """COMFY_MEMX=1 (report) and the launcher (strict) add the panel's folder to ComfyUI's extension folders: this
+    tree's ``GET /extensions`` lists the script once and serves comfy_memx's file."""
+    from comfy_memx.surface.panel import WEB_DIR
+    session = ready(real_session(tree, name))
+    listing = session.step("extensions")
+    assert listing["http_status"] == 200, (listing, where(session))
+    assert [url for url in listing["body"] if url.endswith("/" + PANEL_SCRIPT)] == [
+        f"/extensions/comfy_memx/{PANEL_SCRIPT}"], (listing["body"], where(session))
+    script = session.step("panel_script")
+    assert script["http_status"] == 200, (script, where(session))
+    assert script["body"] == Path(WEB_DIR, PANEL_SCRIPT).read_text(encoding="utf-8"), where(session)
 
 
 DOCTOR_PREFIX = {"model_management": "", "pinned_memory": "", "dynamic_pins": "comfy.pinned_memory.",
@@ -752,8 +810,7 @@ def test_doctor_predicts_the_sites_the_running_server_patched(tree, real_session
 
 
 @needs_real_comfyui
-@pytest.mark.parametrize("name", sorted(SESSIONS))
-@pytest.mark.parametrize("tree", real_trees)
+@pytest.mark.parametrize("tree,name", session_cases)
 def test_no_traceback_no_internal_error_and_a_valid_event_log(tree, name, real_session):
     session = ready(real_session(tree, name))
     log = drive.strip_ansi(session.log_text())
@@ -1017,7 +1074,7 @@ EXPECTED_LOADERS = {"SD1ClipModel": ("4", "CheckpointLoaderSimple"), "BaseModel"
 
 
 @needs_real_comfyui
-@pytest.mark.parametrize("tree", real_trees)
+@pytest.mark.parametrize("tree", oldest_and_newest_trees)
 def test_default_workflow_loads_are_attributed_to_the_core_nodes(tree, real_session):
     session = ready(real_session(tree, "t2i"))
     assert_prompts_ok(session, "t2i_1", "t2i_2")
@@ -1045,7 +1102,7 @@ def test_default_workflow_loads_are_attributed_to_the_core_nodes(tree, real_sess
 
 
 @needs_real_comfyui
-@pytest.mark.parametrize("tree", real_trees)
+@pytest.mark.parametrize("tree", oldest_and_newest_trees)
 def test_default_workflow_reports_no_leak(tree, real_session):
     session = ready(real_session(tree, "t2i"))
     log = session.log_text()
@@ -1056,7 +1113,7 @@ def test_default_workflow_reports_no_leak(tree, real_session):
 
 
 @needs_real_comfyui
-@pytest.mark.parametrize("tree", real_trees)
+@pytest.mark.parametrize("tree", oldest_and_newest_trees)
 def test_memx_free_frees_unet_clip_and_vae(tree, real_session):
     session = ready(real_session(tree, "t2i"))
     step = session.step("free_t2i")
@@ -1077,7 +1134,7 @@ def probes(session, index):
 
 
 @needs_real_comfyui
-@pytest.mark.parametrize("tree", real_trees)
+@pytest.mark.parametrize("tree", oldest_and_newest_trees)
 def test_cpu_unload_and_reload_move_no_weights(tree, real_session):
     # What --cpu really does, read by the probe node and not by comfy_memx: ComfyUI's load and unload only change
     # its accounting (loaded_size, current_loaded_models); the UNet's weights stay in the same storage on the CPU.
@@ -1097,7 +1154,7 @@ def test_cpu_unload_and_reload_move_no_weights(tree, real_session):
 
 
 @needs_real_comfyui
-@pytest.mark.parametrize("tree", real_trees)
+@pytest.mark.parametrize("tree", oldest_and_newest_trees)
 def test_event_bytes_are_comfyuis_accounting_of_the_unet(tree, real_session):
     # The events' bytes follow ComfyUI's accounting as the probes read it: the full model at every load after an
     # unload and at every unload, nothing for a dropped entry, and no load at all after one (still accounted).
@@ -1115,7 +1172,7 @@ def test_event_bytes_are_comfyuis_accounting_of_the_unet(tree, real_session):
 
 
 @needs_real_comfyui
-@pytest.mark.parametrize("tree", real_trees)
+@pytest.mark.parametrize("tree", oldest_and_newest_trees)
 def test_every_unload_names_the_node_that_asked_for_it(tree, real_session):
     session = ready(real_session(tree, "t2i"))
     reasons = {"MemxUnloadAllModels": "unload_all", "MemxFreeAllMemory": "memory_pressure",
@@ -1135,7 +1192,7 @@ def test_every_unload_names_the_node_that_asked_for_it(tree, real_session):
 
 
 @needs_real_comfyui
-@pytest.mark.parametrize("tree", real_trees)
+@pytest.mark.parametrize("tree", oldest_and_newest_trees)
 def test_reloads_are_charged_to_the_node_that_unloaded(tree, real_session):
     session = ready(real_session(tree, "t2i"))
     assert all(e["reload"] is None for e in session.step_events("unload_0", "load"))
@@ -1159,7 +1216,7 @@ def test_reloads_are_charged_to_the_node_that_unloaded(tree, real_session):
 
 
 @needs_real_comfyui
-@pytest.mark.parametrize("tree", real_trees)
+@pytest.mark.parametrize("tree", oldest_and_newest_trees)
 def test_thrash_is_warned_once_three_prompts_in_a_row_reloaded(tree, real_session):
     session = ready(real_session(tree, "t2i"))
     thrash_at = 3  # prompts 1, 2 and 3 reloaded the UNet and the VAE (COMFY_MEMX_THRASH_PROMPTS default 3)
@@ -1179,7 +1236,7 @@ def test_thrash_is_warned_once_three_prompts_in_a_row_reloaded(tree, real_sessio
 
 
 @needs_real_comfyui
-@pytest.mark.parametrize("tree", real_trees)
+@pytest.mark.parametrize("tree", oldest_and_newest_trees)
 def test_same_device_events_claim_no_transfer_rate(tree, real_session):
     """With --cpu the load device is the offload device: a load or unload only changes ComfyUI's accounting."""
     session = ready(real_session(tree, "t2i"))
@@ -1200,7 +1257,7 @@ def wait_for_event(session, kind):
 
 
 @needs_real_comfyui
-@pytest.mark.parametrize("tree", real_trees)
+@pytest.mark.parametrize("tree", oldest_and_newest_trees)
 def test_two_real_servers_hand_over_and_an_idle_one_unloads(tree, memx_importable_by_real_python, tmp_path):
     """Two servers of one tree register in one host registry (their own XDG_RUNTIME_DIR here); the requester's
     /memx/handoff/request makes the idle giver unload through its worker, both write handoff events; then the

@@ -1,6 +1,9 @@
 """The exposed surface against real ComfyUI servers (opt-in, gated like ``test_real_comfyui.py``: ``COMFY_MEMX_REAL_COMFYUI``
 and ``COMFY_MEMX_REAL_PYTHON``): one server per tree under ``python -m comfy_memx`` with ``--listen 0.0.0.0``,
-attacked from a network namespace of the test's own (``netns_helpers``) and from loopback.
+attacked from a network namespace of the test's own (``netns_helpers``) and from loopback.  The servers run on the
+oldest and the newest tree: ComfyUI's middlewares in front of the routes differ between 0.3.64 and 0.27.0 (no
+``Sec-Fetch-Site`` check in 0.3.64) and are the same in 0.27.0 and 0.33.0, as is the worker that unloads for a
+hand-off; the FIFO check runs on the newest only (the launcher refuses before ComfyUI starts).
 
 * the guarded routes (holder search, ``/memx/free``'s searches, ``/memx/handoff/request``) refuse a non-loopback
   caller without ``COMFY_MEMX_TOKEN`` and serve it with the token; ``/memx/free`` itself and the read routes answer
@@ -30,7 +33,7 @@ import pytest
 from bench.harness import waits
 from netns_helpers import call_from, remote_namespace
 from test_real_comfyui import (configured_python, drive, memx_importable_by_real_python, memx_lines,  # noqa: F401
-                               needs_real_comfyui, real_trees, where)
+                               needs_real_comfyui, newest_tree_only, oldest_and_newest_trees, where)
 
 TOKEN = "real-remote-service-token-0123456789"
 
@@ -92,7 +95,7 @@ def check_browser_defence(session, search, cors):
 
 
 @needs_real_comfyui
-@pytest.mark.parametrize("tree", real_trees)
+@pytest.mark.parametrize("tree", oldest_and_newest_trees)
 def test_real_server_with_cors_header_still_guards_against_other_sites_and_rebound_names(
         tree, memx_importable_by_real_python, tmp_path):  # noqa: F811
     if not memx_importable_by_real_python:
@@ -117,7 +120,7 @@ def test_real_server_with_cors_header_still_guards_against_other_sites_and_rebou
 
 
 @needs_real_comfyui
-@pytest.mark.parametrize("tree", real_trees)
+@pytest.mark.parametrize("tree", oldest_and_newest_trees)
 def test_real_server_exposed_on_all_interfaces(tree, memx_importable_by_real_python, tmp_path):  # noqa: F811
     if not memx_importable_by_real_python:
         pytest.skip(f"comfy_memx is not installed for {configured_python()} (pip install --no-deps)")
@@ -218,7 +221,7 @@ def test_real_server_exposed_on_all_interfaces(tree, memx_importable_by_real_pyt
 
 
 @needs_real_comfyui
-@pytest.mark.parametrize("tree", real_trees)
+@pytest.mark.parametrize("tree", newest_tree_only)
 def test_real_launcher_refuses_a_fifo_as_events_file(tree, memx_importable_by_real_python, tmp_path):  # noqa: F811
     if not memx_importable_by_real_python:
         pytest.skip(f"comfy_memx is not installed for {configured_python()} (pip install --no-deps)")
@@ -232,7 +235,7 @@ def test_real_launcher_refuses_a_fifo_as_events_file(tree, memx_importable_by_re
 
 
 @needs_real_comfyui
-@pytest.mark.parametrize("tree", real_trees)
+@pytest.mark.parametrize("tree", oldest_and_newest_trees)
 def test_real_handoff_never_asks_a_squatter_on_the_loopback_port_of_a_peer_listening_elsewhere(
         tree, memx_importable_by_real_python, tmp_path):  # noqa: F811
     if not memx_importable_by_real_python:

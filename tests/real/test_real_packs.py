@@ -10,6 +10,12 @@ real packs use.
              webcolors and matplotlib in the interpreter): ``CheckpointLoaderSimpleShared //Inspire`` keeps
              ``(model, clip, vae)`` of the random-weight SD1.5 checkpoint in its module-level ``TaggedCache``.
 
+``shapes`` runs on every tree: what ComfyUI still reaches (its output caches, classic in 0.3.64, RAM-pressure after) is
+what decides "in use", and it differs between them.  ``inspire`` (an SD1.5 session) runs on the newest tree only: its
+cut through a pack's mapping class is the ``tagged`` shape on every tree, and that ComfyUI itself keeps none of a
+checkpoint's UNet, CLIP and VAE after ``/memx/free`` is ``test_memx_free_frees_unet_clip_and_vae`` on the oldest and
+the newest tree (test_real_comfyui.py).
+
 Each workflow samples its model (a KSampler, or ``MemxTinySampler``), so ComfyUI's own loads put the models in the
 ledger.  Then ``POST /memx/free`` unloads them and empties ComfyUI's caches: each kept model survives, held by the
 pack at the path of its shape.  ``POST /memx/models/{id}/release`` then answers 200 ``released``: every model of the
@@ -26,7 +32,8 @@ from urllib.parse import quote
 import pytest
 
 from test_real_comfyui import (configured_python, drive, memx_importable_by_real_python,  # noqa: F401
-                               needs_real_comfyui, real_checkpoint, real_trees, ready, run_session, where)
+                               needs_real_comfyui, newest_tree_only, real_checkpoint, real_trees, ready, run_session,
+                               where)
 
 REAL_COMFY_DIR = Path(__file__).parents[1] / "real_comfy"
 SHAPE_PACK = "memx_release_shapes"
@@ -176,7 +183,7 @@ def test_each_shape_keeps_its_model_after_a_free_and_a_release_gives_it_back(tre
 
 
 @needs_real_comfyui
-@pytest.mark.parametrize("tree", real_trees)
+@pytest.mark.parametrize("tree", newest_tree_only)
 def test_inspire_packs_backend_cache_gives_its_checkpoint_back_and_the_workflow_gives_the_same_image(
         tree, packs_session):
     if not INSPIRE_ARCHIVE.is_file():

@@ -58,6 +58,62 @@ def test_the_wheel_holds_every_module_of_the_source_tree_and_nothing_else(wheel)
     assert not any(name.startswith(("tests/", "patches/", "bench/", "build_backend/")) for name in names)
 
 
+def tracked_files(folder):
+    """The files of ``folder`` (relative to the checkout) that git tracks, or every file in it outside a checkout."""
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", folder], capture_output=True, text=True)
+    if listed.returncode == 0 and listed.stdout:
+        return set(listed.stdout.split())
+    return {path.relative_to(ROOT).as_posix() for path in (ROOT / folder).rglob("*")
+            if path.is_file() and "__pycache__" not in path.parts}
+
+
+def test_the_wheel_holds_every_data_file_of_the_package(wheel):
+    """Stage 2 of .ci/run runs only the tests a wheel can break (.ci/wheel-tests): that every other file of the
+    package reaches the wheel is checked here, file by file (the demo world's ``custom_nodes/.keep`` only keeps its
+    empty folder in git)."""
+    data = {name for name in tracked_files("comfy_memx") if not name.endswith(".py")}
+    shipped = {name for name in zipfile.ZipFile(wheel).namelist() if name.startswith("comfy_memx/")
+               and not name.endswith(".py")}
+    assert shipped == data - {"comfy_memx/cli/demo_world/custom_nodes/.keep"}
+
+
+# Each module of comfy_memx that finds files by its own location (``__file__``) and what runs it against the wheel in
+# .ci/run: a test file of .ci/wheel-tests, "demo" (stage 2 runs the demo) or "node pack" (the node-pack block, from a
+# clone in custom_nodes/).  The checkout's pointer comfy_memx/patches/__init__.py is never in a wheel.
+OWN_LOCATION_READERS = {
+    "comfy_memx/cli/demo.py": "demo",
+    "comfy_memx/cli/demo_world/folder_paths.py": "demo",
+    "comfy_memx/cli/demo_world/stand_in_version.py": "demo",
+    "comfy_memx/core/comfyui.py": "tests/unit/test_package_of_file.py",
+    "comfy_memx/core/discovery.py": "tests/patches/test_patch_contract.py",
+    "comfy_memx/fleet/__init__.py": "tests/unit/test_fleet_files.py",
+    "comfy_memx/fleet/rules.py": "tests/unit/test_fleet_rules.py",
+    "comfy_memx/nodepack.py": "node pack",
+    "comfy_memx/patches/__init__.py": "never in a wheel",
+    "comfy_memx/surface/panel.py": "tests/patches/test_panel_routes.py",
+}
+
+
+def reads_own_location(path):
+    """True when the module at ``path`` uses ``__file__`` (its own, or a module's attribute), not the string."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return any(isinstance(node, ast.Name) and node.id == "__file__" or
+               isinstance(node, ast.Attribute) and node.attr == "__file__" for node in ast.walk(tree))
+
+
+def test_every_module_that_reads_its_own_location_is_run_against_the_wheel():
+    readers = {path.relative_to(ROOT).as_posix() for folder in ("comfy_memx", "patches")
+               for path in (ROOT / folder).rglob("*.py") if "__pycache__" not in path.parts and reads_own_location(path)}
+    assert readers == set(OWN_LOCATION_READERS), ("a module that finds files by its own location behaves differently "
+                                                  "installed: name the test of .ci/wheel-tests that runs it",
+                                                  readers ^ set(OWN_LOCATION_READERS))
+    listed = {line.strip() for line in (ROOT / ".ci" / "wheel-tests").read_text(encoding="utf-8").splitlines()
+              if line.strip() and not line.startswith("#")}
+    assert all((ROOT / test).is_file() for test in listed), listed
+    tests = {where for where in OWN_LOCATION_READERS.values() if where.startswith("tests/")}
+    assert tests <= listed, tests - listed
+
+
 def test_the_wheels_patches_package_is_the_top_level_patches_folder(wheel):
     """comfy_memx.patches is built from patches/ alone: the checkout's pointer (comfy_memx/patches/__init__.py)
     never ships."""
