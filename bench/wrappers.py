@@ -11,6 +11,9 @@ direct timing gives the resolution of that difference (bench/common.py :func:`co
 not above it is reported as ``< upper bound``, never as a negative number.  Target: <= 0.6 us per call.
 The wings' subscriptions are loaded first, as the bootstrap does, so each wrapper pays for its signals' subscribers.
 
+``patcher_added_us`` is what the ``model_patcher`` wrapper adds to a ModelPatcher built around a model the ledger
+knows (a clone), see :func:`patcher_records`.
+
 ``dispatch_added_us`` is what one signal costs over the guarded direct call it replaces (``try: f(x) except
 Exception: internal_error``), for one subscriber and one argument: the figure that decides whether the per-layer pin
 path may dispatch (it may not when the dispatch costs over 0.1 us per call).
@@ -66,6 +69,42 @@ def dispatch_records(number, rounds):
                                      times["direct_again"], per=number, site="one subscriber", target_max=0.1)]
 
 
+CLONE_TARGET_US = 2.0
+"""Per clone: ComfyUI's own ``ModelPatcher.__init__`` builds a dozen dicts and two uuid4s (tens of microseconds a
+clone), so a microsecond or two of bookkeeping is a few percent of it."""
+
+
+class _Module:
+    """Stands in for a torch module (weakly referenceable)."""
+
+
+def _bare_patcher_init(self, model, *args, **kwargs):
+    self.model = model
+
+
+def patcher_records(number, rounds):
+    """Records ``{"case": "overhead", "metric": "patcher_added_us"}``: what the ``model_patcher`` wrapper adds to
+    building a ModelPatcher around a module the ledger already knows (a clone: every sampler, LoRA and patch node
+    clones its model), over the bare constructor.  Each call builds and drops a new patcher, so the weak reference
+    the ledger adds and its callback when the patcher dies are counted too.  The first sight of a module (a new
+    model: its owner and its size) happens once per model built, and is left out."""
+    from comfy_memx.core.wrapping import Switch
+    from comfy_memx.patches import model_patcher as patch
+    factory = patch.PATCH.sites["ModelPatcher.__init__"]
+    bare = type("BarePatcher", (), {"__init__": _bare_patcher_init})
+    wrapped = type("WrappedPatcher", (), {"__init__": factory(None, _bare_patcher_init, Switch())})
+    module = _Module()
+    first = wrapped(module)   # the module's creation; every later patcher is a clone's
+    direct = timeit.Timer(lambda: bare(module))
+    through = timeit.Timer(lambda: wrapped(module))
+    times = common.interleaved({"direct": lambda: direct.timeit(number), "wrapped": lambda: through.timeit(number),
+                                "direct_again": lambda: direct.timeit(number)}, rounds)
+    del first
+    return [common.difference_record("overhead", "patcher_added_us", times["wrapped"], times["direct"],
+                                     times["direct_again"], per=number, site="ModelPatcher.__init__ (clone)",
+                                     target_max=CLONE_TARGET_US)]
+
+
 def run(quick=False):
     """Records ``{"case": "overhead", "metric": "wrapper_added_us", "site": ...}`` for each wrapped site, and the
     dispatch record."""
@@ -94,7 +133,7 @@ def run(quick=False):
         records.append(common.difference_record(
             "overhead", "wrapper_added_us", times["wrapped"], times["direct"], times["direct_again"], per=number,
             site=site, target_max=TARGET_US))
-    return records + dispatch_records(number, rounds)
+    return records + patcher_records(number, rounds) + dispatch_records(number, rounds)
 
 
 if __name__ == "__main__":

@@ -15,10 +15,14 @@ Sites:
   to the worker run that reads its flags and through that run's cache reset (the surface's free-request desk).
   With no request waiting their subscribers only check one attribute.  # COMFY: ``PromptQueue.mutex`` is an ``RLock`` that
   ``set_flag`` and ``get_flags`` take (0.3.64, 0.27.0, 0.33.0); the ``get_flags`` wrapper holds it around the call.
+  Before it takes that mutex, ``flags_reading`` marks the worker's point between prompts, where the leak wing runs
+  the queued releases (``leaks.release.desk``; nothing queued: one attribute read).  # COMFY: the worker calls
+  ``get_flags`` after every prompt and whenever ``q.get`` returns without one (woken, or its timeout).
 
 Signals fired (``comfy_memx.core.signals``): ``prompt_started``/``prompt_ended``, ``node_starting``/``node_ended``,
-``free_flag_set``, ``flags_served``, ``cache_reset``; core (the replaced-wrapper audit), the ledger (prompts, nodes,
-who set a free flag), sharing (activity, for the idle unload) and the surface (the free-request desk) subscribe.
+``free_flag_set``, ``flags_reading``, ``flags_served``, ``cache_reset``; core (the replaced-wrapper audit), the
+ledger (prompts, nodes, who set a free flag), the leak wing (the release desk), sharing (activity, for the idle
+unload) and the surface (the free-request desk) subscribe.
 Settings: ``COMFY_MEMX_DISABLE=execution`` (no class_type in owners; ``/memx/free`` cannot follow the worker).
 """
 
@@ -101,6 +105,7 @@ def _memx_get_flags(module, original, switch):
     def get_flags(self, *args, **kwargs):
         if not switch.on:
             return original(self, *args, **kwargs)
+        signals.flags_reading.fire(self, args[0] if args else kwargs.get("reset", True))
         mutex = getattr(self, "mutex", None)
         if mutex is None:
             flags = original(self, *args, **kwargs)

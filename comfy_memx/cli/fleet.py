@@ -30,10 +30,11 @@ def _parser():
     parser.add_argument("--job-selector", default=rules.SELECTOR,
                         help=f"label matcher of the ComfyUI scrape jobs in every rule (default: {rules.SELECTOR})")
     parser.add_argument("--runbook-base", default=rules.RUNBOOK_BASE,
-                        help="address of the runbooks page; each alert links to #<its name in lower case> "
+                        help="absolute address of the runbooks page; each alert links to #<its name in lower case> "
                              f"(default: {rules.RUNBOOK_BASE})")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", dest="thresholds",
-                        help=f"change one threshold ({', '.join(f'{k}={v}' for k, v in rules.THRESHOLDS.items())})")
+                        help="change one threshold; sizes as 2GiB or bytes, durations as 10m, keep_firing=0 for a "
+                             f"Prometheus older than 2.42 (defaults: {rules.defaults_text()})")
     return parser
 
 

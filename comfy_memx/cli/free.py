@@ -3,16 +3,17 @@
 Calls ``POST /memx/free`` (comfy_memx must be active in that server), which sets ComfyUI's own ``/free`` flags,
 waits until the prompt worker has unloaded the models, reset its caches and collected garbage, and answers what
 was freed, what is still loaded, and the survivors: models still in memory although ComfyUI no longer holds
-them, with the reference chains that keep them; with ``--release``, also what was cut to give the survivors'
-memory back (``COMFY_MEMX_RELEASE``).  Exit status: 0 when everything was freed, 1 when survivors
-remain (or models are still loaded, or the worker did not finish within ``--timeout``), 2 when the server cannot
-be reached or does not serve ``/memx/free``.  Standard library only.
+them, with the reference chains that keep them; with ``--release``, first what was cut to give the survivors'
+memory back (``COMFY_MEMX_RELEASE``), then the survivors that are left.  Exit status (:data:`EXIT_CODES`, printed by
+``--help``): 0 everything freed, 1 memory still held, 2 server unreachable or without comfy_memx, 3 not finished
+within ``--timeout``, 4 refused before anything was unloaded.  Standard library only.
 """
 
 import argparse
 import json
 import os
 import sys
+import textwrap
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -22,11 +23,26 @@ from comfy_memx.core.units import format_bytes
 
 DEFAULT_URL = "http://127.0.0.1:8188"
 SEARCH_ALLOWANCE_S = 60.0   # added to --timeout for the server's holder searches and the transfer
-UNREACHABLE = 2
+FREED, HELD, UNREACHABLE, UNFINISHED, REFUSED = 0, 1, 2, 3, 4
+EXIT_CODES = (
+    (FREED, "everything was freed: the worker finished, no model is still loaded and no survivor is left alive "
+            "(with --release: every survivor was released and died)"),
+    (HELD, "memory is still held: survivors are left alive (not released, or released but kept by another holder) "
+           "or models are still loaded (a prompt loaded them meanwhile)"),
+    (UNREACHABLE, "the server cannot be reached, or it does not serve /memx/free (comfy_memx is not active there)"),
+    (UNFINISHED, "not finished within --timeout: the prompt worker did not finish freeing, or --release's "
+                 "releases waited for a running prompt and were withdrawn (nothing was cut); run it again"),
+    (REFUSED, "refused before anything was unloaded: --release while the server runs with COMFY_MEMX_RELEASE=off, "
+              "or from a caller that may not release (another machine without COMFY_MEMX_TOKEN)"),
+)
 
 
 class Unreachable(MemxError):
     """The server did not answer /memx/free usefully; the message says why."""
+
+
+class Refused(MemxError):
+    """The server refused the request before freeing anything (403); the message is the server's."""
 
 
 def free_url(base_url, timeout):
@@ -43,7 +59,7 @@ def request_free(base_url, timeout, free_memory=True, token=None, release=False)
     """POST /memx/free and return ``(http status, receipt dict)``; raises :class:`Unreachable`.
 
     ``token`` (default: ``COMFY_MEMX_TOKEN`` of this environment) is sent as ``X-Memx-Token``: a server reached
-    from another host runs the survivors' holder searches only for a caller with its token (README, Security).
+    from another host runs the survivors' holder searches only for a caller with its token (docs/security.md).
     ``release`` asks the server to cut the pack-cache entry that keeps each survivor alive (COMFY_MEMX_RELEASE)."""
     url = free_url(base_url, timeout)
     wanted = {"unload_models": True, "free_memory": free_memory, **({"release": True} if release else {})}
@@ -60,6 +76,8 @@ def request_free(base_url, timeout, free_memory=True, token=None, release=False)
         status, raw = error.code, error.read()
         if status == 404:
             raise Unreachable(_no_memx_routes(url, "answered 404")) from None
+        if status == 403:
+            raise Refused(_refusal(raw)) from None
     except (urllib.error.URLError, OSError) as error:
         reason = getattr(error, "reason", error)
         raise Unreachable(f"cannot reach {url}: {reason}") from None
@@ -73,53 +91,70 @@ def request_free(base_url, timeout, free_memory=True, token=None, release=False)
     return status, receipt
 
 
+def _refusal(raw):
+    """The message of a 403 answer (release off, or not allowed), or the raw text when it is not comfy_memx's JSON."""
+    try:
+        answer = json.loads(raw.decode("utf-8", "replace"))
+    except ValueError:
+        answer = None
+    if isinstance(answer, dict) and answer.get("message"):
+        return f"refused ({answer.get('error') or 403}): {answer['message']}"
+    return f"refused (403): {raw.decode('utf-8', 'replace')[:300]}"
+
+
 def _no_memx_routes(url, said):
     """The error for a server that answered but not as comfy_memx does: what that means and how to check."""
     status_url = url.split("/memx/free")[0] + "/memx/status"
     return (f"{url} {said}: the server answered, but it has no comfy_memx routes, so comfy_memx is not installed "
             f"or not active in that ComfyUI. Check: {status_url} answers JSON with comfy_memx's version when it is "
             "active, and ComfyUI's start-up log has a 'comfy_memx ... active' line; activate it with python -m "
-            "comfy_memx main.py, COMFY_MEMX=1 python main.py, or the node pack in custom_nodes/ (README, Install)")
+            "comfy_memx main.py, COMFY_MEMX=1 python main.py, or the node pack in custom_nodes/ (docs/install.md)")
 
 
 def exit_status(receipt):
-    """0 when the worker finished and nothing survived (or every survivor was released and died) or stayed loaded,
-    else 1."""
+    """The exit status of a receipt (:data:`EXIT_CODES`): 3 when the worker did not finish or the releases were
+    withdrawn, else 0 when no survivor is left alive (a survivor released and dead is gone) and nothing is still
+    loaded, else 1."""
+    if receipt.get("status") != "done" or _withdrawn(receipt):
+        return UNFINISHED
     gone = {row.get("model_id") for row in receipt.get("releases") or () if row.get("died")}
     left = [row for row in receipt.get("survivors") or () if row.get("model_id") not in gone]
-    clean = receipt.get("status") == "done" and not left and not receipt.get("still_loaded")
-    return 0 if clean else 1
+    return FREED if not left and not receipt.get("still_loaded") else HELD
+
+
+def _withdrawn(receipt):
+    return receipt.get("release_state") in ("withdrawn", "not_run")
 
 
 def format_receipt(receipt):
-    """The receipt as text lines."""
+    """The receipt as text lines: what was freed, what ``--release`` cut (and why not, naming the holder the receipt
+    names), what is still loaded, then the survivors that are left alive, and the memory figures."""
     lines = []
     if receipt.get("status") != "done":
         lines.append(f"not finished: {receipt.get('note') or 'the prompt worker did not finish freeing in time'}")
     freed = receipt.get("freed") or []
     lines.append(_freed_headline(receipt))
-    if receipt.get("releases"):
-        gone = [row for row in receipt["releases"] if row.get("died")]
-        lines.append(f"released {len(gone)} leaked model(s): {format_bytes(receipt.get('release_bytes'))} given back "
-                     "by cutting their packs' cache entries (below)")
     for row in freed:
         released = "released" if row.get("released") else "still in RAM"
         lines.append(f"  {row.get('model_id')} ({row.get('model')})  {format_bytes(row.get('unloaded_bytes'))} "
                      f"unloaded from {row.get('device')}, {released}{_owner_text(row.get('owner'))}")
+    lines += _release_lines(receipt)
     still = receipt.get("still_loaded") or []
     lines.append(f"still loaded: {len(still)} model(s)")
     for row in still:
         lines.append(f"  {row.get('model_id')} ({row.get('model')})  {format_bytes(row.get('loaded_bytes'))} "
                      f"on {row.get('device')}")
-    survivors = receipt.get("survivors") or []
+    gone = {row.get("model_id") for row in receipt.get("releases") or () if row.get("died")}
+    survivors = [row for row in receipt.get("survivors") or [] if row.get("model_id") not in gone]
+    left = " left" if receipt.get("releases") else ""
     if not survivors:
-        lines.append("survivors: none")
+        lines.append(f"survivors{left}: none")
     else:
-        lines.append(f"survivors: {len(survivors)} model(s), {format_bytes(receipt.get('survivor_bytes'))} still "
-                     "alive although ComfyUI no longer holds them")
+        alive = format_bytes(sum(row.get("bytes") or 0 for row in survivors))
+        lines.append(f"survivors{left}: {len(survivors)} model(s), {alive} still alive although ComfyUI no longer "
+                     "holds them")
     for row in survivors:
         lines += _survivor_lines(row)
-    lines += _release_lines(receipt)
     lines += _memory_lines(receipt.get("memory"))
     return lines
 
@@ -134,10 +169,19 @@ def _freed_headline(receipt):
             f"{len(unloaded)} model(s), {format_bytes(receipt.get('freed_bytes'))}, from their devices{kept}")
 
 
+# why a survivor is still in memory, as the receipt's ``reason`` says it, defined where a person reads it
+SURVIVOR_REASONS = {
+    "orphaned": "orphaned: no ModelPatcher refers to it any more, yet something keeps its weights in memory",
+    "kept": "kept: a ModelPatcher of it outlived ComfyUI's emptied caches (a node's output or a pack holds the MODEL)",
+}
+
+
 def _survivor_lines(row):
-    """One survivor: its size and why it survived, its leak, then what holds it (or why nothing was found)."""
+    """One survivor: its size and why it survived (``orphaned`` and ``kept`` spelled out), its leak, then what holds
+    it (or why nothing was found)."""
+    reason = SURVIVOR_REASONS.get(row.get("reason"), row.get("reason"))
     lines = [f"  {row.get('model_id')} ({row.get('model')})  {format_bytes(row.get('bytes'))}, "
-             f"{row.get('reason')}{_owner_text(row.get('owner'))}"]
+             f"{reason}{_owner_text(row.get('owner'))}"]
     lines += _leak_lines(row.get("leak"))
     search = row.get("search") or {}
     if search.get("error"):
@@ -152,18 +196,28 @@ def _survivor_lines(row):
 
 
 def _release_lines(receipt):
-    """What ``--release`` cut: one line per release receipt (what came back, or why nothing was cut)."""
+    """What ``--release`` did, before the survivors: what came back, then one line per release receipt (what was
+    cut, or why not, with the holder the receipt names and its fix)."""
     lines = [f"released: {receipt['release_note']}"] if receipt.get("release_note") else []
-    for row in receipt.get("releases") or []:
+    rows = receipt.get("releases") or []
+    if rows:
+        gone = [row for row in rows if row.get("died")]
+        lines.append(f"released {len(gone)} of {len(rows)} survivor(s) with a known holder: "
+                     f"{format_bytes(receipt.get('release_bytes'))} given back by cutting their packs' cache entries")
+    for row in rows:
         name = f"{row.get('model_id')} ({row.get('model')})"
         if row.get("outcome") in ("released", "survivor"):
-            lines.append(f"released {name}: cut {row.get('cut')} of package {row.get('package')}, "
+            next_holder = row.get("next_holder") or {}
+            lines.append(f"  released {name}: cut {row.get('cut')} of package {row.get('package')}, "
                          f"{format_bytes(row.get('bytes'))}; " + ("the model is gone" if row.get("died") else
-                         f"still held by {(row.get('next_holder') or {}).get('path') or '?'}"))
-        else:
-            lines.append(f"not released {name} ({row.get('outcome')}): {row.get('reason')}")
-            if row.get("fix"):
-                lines.append(f"      fix ({row.get('pattern')}): {row['fix']}")
+                         f"still held by {next_holder.get('path') or next_holder.get('note') or '?'}"))
+            continue
+        lines.append(f"  not released {name} ({row.get('outcome')}): {row.get('reason')}")
+        if row.get("path"):
+            lines.append(f"      holder: {row['path']}  [package {row.get('package') or '?'}, "
+                         f"{row.get('pattern') or '?'}]")
+        if row.get("fix"):
+            lines.append(f"      fix ({row.get('pattern')}): {row['fix']}")
     return lines
 
 
@@ -223,21 +277,28 @@ def _owner_text(owner):
 def main(argv):
     """Entry point of ``python -m comfy_memx free``; returns the exit status."""
     description = __doc__.splitlines()[0].replace("``", "")   # --help is plain text, not reStructuredText
-    parser = argparse.ArgumentParser(prog="python -m comfy_memx free", description=description)
+    epilog = "exit status:\n" + "\n".join(textwrap.fill(text, 100, initial_indent=f"  {code}  ",
+                                                         subsequent_indent="     ") for code, text in EXIT_CODES)
+    parser = argparse.ArgumentParser(prog="python -m comfy_memx free", description=description, epilog=epilog,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", default=DEFAULT_URL, help=f"the ComfyUI server (default {DEFAULT_URL})")
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="seconds the server waits for the prompt worker (a running prompt delays it)")
     parser.add_argument("--unload-only", action="store_true",
                         help="only unload models (ComfyUI keeps its cached node outputs); default: also free_memory")
     parser.add_argument("--release", action="store_true",
-                        help="also cut the pack-cache entry that keeps each survivor alive (the server needs "
-                             "COMFY_MEMX_RELEASE=ask or auto; the pack rebuilds the entry when it needs it again)")
+                        help="also cut the pack-cache entry that keeps each survivor alive, on ComfyUI's prompt "
+                             "worker between prompts (the server needs COMFY_MEMX_RELEASE=ask or auto, else nothing "
+                             "is unloaded and the status is 4; the pack rebuilds the entry when it needs it again)")
     parser.add_argument("--json", action="store_true", help="print the receipt as JSON")
     args = parser.parse_args(argv)
     if not 0 <= args.timeout <= 3600:
         parser.error("--timeout must be between 0 and 3600 seconds")
     try:
         _, receipt = request_free(args.url, args.timeout, free_memory=not args.unload_only, release=args.release)
+    except Refused as exc:
+        print(f"comfy_memx free: {exc}", file=sys.stderr)
+        return REFUSED
     except (Unreachable, ValueError) as exc:
         print(f"comfy_memx free: {exc}", file=sys.stderr)
         return UNREACHABLE

@@ -4,10 +4,12 @@ and per owning package.
 For each model (``model_id`` within one process) and each custom-node package that loaded models: loads and bytes
 loaded, unloads by reason and bytes freed, transfer rates (GB/s = bytes / seconds / 1e9 over the loads, and over
 the unloads, that copied bytes: an event with ``copied: false``, as under ``--cpu``, only changed ComfyUI's
-accounting and has no rate), leaks with the reference chains that held them, and pin evictions.  ``--png`` draws resident bytes
-per model over time, one lane per model (a model stays drawn as resident until an unload says otherwise, so one
-load is a band to the end of the log), with loads, unloads and leaks marked (matplotlib, an optional extra:
-``python -m pip install matplotlib``).
+accounting and has no rate), leaks with the reference chains that held them, releases (``release`` events that cut
+a pack's cache entry: a model whose release freed it is reported as released, no longer as leaked, and each holding
+package's bytes given back are summed), and pin evictions.  ``--png`` draws resident bytes per model over time, one
+lane per model (a model stays drawn as resident until an unload says otherwise, so one load is a band to the end of
+the log; a released model's lane ends at its release), with loads, unloads, leaks and releases marked (matplotlib, an
+optional extra: ``python -m pip install matplotlib``).
 
 A line that is not a JSON object with an ``event`` name, or whose fields have the wrong types, is counted and
 skipped; events of kinds this report does not know are counted as ``other``.  Exit status: 0, 1 when the PNG
@@ -26,6 +28,7 @@ from comfy_memx.core.private import Refused
 from comfy_memx.core.units import format_bytes
 
 PLOT_HINT = "install matplotlib into this Python environment: python -m pip install matplotlib"
+CUT = ("released", "survivor")   # release outcomes after which a pack's cache entry was cut
 
 
 def _holder_package(event, referrers):
@@ -59,12 +62,17 @@ class _Tally:
         self.leaked_loads = {}   # models this package loaded that then leaked, by stage (held by whoever holds them)
         self.pin_evictions = 0
         self.pin_evicted_bytes = 0
+        self.releases = 0        # cache entries cut: of this package's holds (a package), of this model (a model)
+        self.released_models = 0  # models those cuts freed
+        self.released_bytes = 0   # the bytes they gave back
 
     def as_dict(self):
         return {"loads": self.loads, "load_bytes": self.load_bytes, "load_gb_per_s": _rate(*self.load_copied),
                 "unloads": dict(sorted(self.unloads.items())), "unload_bytes": self.unload_bytes,
                 "unload_gb_per_s": _rate(*self.unload_copied),
                 "leaks": dict(sorted(self.leaks.items())), "leaked_loads": dict(sorted(self.leaked_loads.items())),
+                "releases": self.releases, "released_models": self.released_models,
+                "released_bytes": self.released_bytes,
                 "pin_evictions": self.pin_evictions,
                 "pin_evicted_bytes": self.pin_evicted_bytes}
 
@@ -86,6 +94,8 @@ class EventReport:
         self.reloads = {}     # (cause, model class) -> {"reloads", "seconds", "bytes"}
         self.thrash = 0
         self.leak_patterns = {}  # (package of the root, pattern) -> {"chains", "models", "suggestion"}
+        self.releases = []    # one dict per release that cut an entry, in the log's order
+        self.release_tries = {}  # outcome -> count of releases that cut nothing (refused, in use, changed, ...)
         self._resident = {}
 
     def add_line(self, line):
@@ -108,7 +118,7 @@ class EventReport:
         when = _seconds(event["time"])
         pid = _count(event.get("pid"))
         handler = {"load": self._load, "unload": self._unload, "leak": self._leak, "leak_seen": self._leak_seen,
-                   "pin_evict": self._pin_evict, "thrash": self._thrash}.get(kind)
+                   "release": self._release, "pin_evict": self._pin_evict, "thrash": self._thrash}.get(kind)
         if handler is None:
             self.other += 1
         else:
@@ -221,6 +231,39 @@ class EventReport:
         _, row = self._model(event, pid)
         row["sightings"] = max(row.get("sightings", 1), _count(event.get("sightings")))
 
+    def _release(self, event, pid, when):
+        """A ``release`` event: an entry that was cut is counted for each model it held (a model it freed is released,
+        its resident bytes 0) and for the holding package (the bytes given back); a release that cut nothing is
+        counted by its outcome only."""
+        outcome = str(event.get("outcome") or "?")
+        if outcome not in CUT:
+            self.release_tries[outcome] = self.release_tries.get(outcome, 0) + 1
+            return
+        models = _released_models(event)
+        given = event.get("released_bytes")
+        freed = (_count(given) if given is not None
+                 else sum(model["bytes"] for model in models if model["died"]))
+        holder = str(event.get("package") or "?")
+        release = {"time": when, "pid": pid, "trigger": str(event.get("trigger") or "?"), "outcome": outcome,
+                   "package": holder, "cut": str(event.get("cut") or event.get("path") or "?"),
+                   "models": [model["model_id"] for model in models],
+                   "died": [model["model_id"] for model in models if model["died"]], "released_bytes": freed}
+        for model in models:
+            key, row = self._model({"model_id": model["model_id"], "model": model["model"]}, pid)
+            row["tally"].releases += 1
+            row.setdefault("releases", []).append(release)
+            if model["died"]:
+                row["released"] = True
+                row["tally"].released_models += 1
+                row["tally"].released_bytes += model["bytes"]
+                self._set_resident(key, row, when, 0)
+            self.marks.setdefault(key, []).append((when, "release", release["trigger"]))
+        package = self._package(holder)
+        package.releases += 1
+        package.released_models += len(release["died"])
+        package.released_bytes += freed
+        self.releases.append(release)
+
     def _thrash(self, event, pid, when):
         self._model(event, pid)
         self.thrash += 1
@@ -246,7 +289,8 @@ class EventReport:
                            "owner": row["owner"], "peak_resident_bytes": row["peak_resident"],
                            **row["tally"].as_dict(), "leak_reports": row["leak_reports"],
                            "holder_package": row.get("holder_package"),
-                           "leak_sightings": row.get("sightings", 0)})
+                           "leak_sightings": row.get("sightings", 0), "status": _status(row),
+                           "release_log": row.get("releases", [])})
         packages = [{"package": name, **tally.as_dict()} for name, tally in sorted(self.packages.items())]
         span = (self.last_time - self.first_time) if self.first_time is not None else 0.0
         reloads = [{"cause": cause, "model": model, "reloads": tally["reloads"],
@@ -255,10 +299,38 @@ class EventReport:
         patterns = [{"package": package, "pattern": pattern, "models": len(group["models"]),
                      "chains": group["chains"], "suggestion": group["suggestion"]}
                     for (package, pattern), group in sorted(self.leak_patterns.items())]
+        released = [{"package": row["package"], "releases": row["releases"], "models": row["released_models"],
+                     "released_bytes": row["released_bytes"]} for row in packages if row["releases"]]
         return {"lines": self.lines, "events": self.events, "malformed_lines": self.malformed,
                 "other_events": self.other, "processes": len(pids), "seconds": round(span, 3),
                 "models": models, "packages": packages, "reload_causes": reloads, "thrash_warnings": self.thrash,
-                "leak_patterns": patterns}
+                "leak_patterns": patterns, "releases": self.releases,
+                "released_bytes": sum(release["released_bytes"] for release in self.releases),
+                "released_by_package": released, "release_tries_not_cut": dict(sorted(self.release_tries.items()))}
+
+
+def _released_models(event):
+    """``[{model_id, model, bytes, died}]`` of the models a ``release`` event's cut entry held: its ``models``, else
+    its one model."""
+    models = event.get("models")
+    if not isinstance(models, list) or not models:
+        models = [{"model_id": event["model_id"], "model": event.get("model"), "bytes": event.get("bytes"),
+                   "died": event.get("died")}]
+    found = []
+    for model in models:
+        if not isinstance(model, dict) or not isinstance(model.get("model_id"), str):
+            raise TypeError("a released model needs a model_id")
+        found.append({"model_id": model["model_id"], "model": model.get("model"), "bytes": _count(model.get("bytes")),
+                      "died": model.get("died") is True})
+    return found
+
+
+def _status(row):
+    """A model's state at the end of the log as far as leaks go: ``released`` (a release freed it), ``leaked`` (a
+    leak was reported and no release freed it) or None."""
+    if row.get("released"):
+        return "released"
+    return "leaked" if row["tally"].leaks else None
 
 
 MAX_DEPTH = 32          # a line nested deeper is skipped before it is parsed (no RecursionError)
@@ -332,28 +404,13 @@ def _section(lines, title, rows, empty, line_of):
 def format_text(report, path):
     """The human-readable report."""
     data = report.as_dict()
-    several = data["processes"] > 1
     head = (f"comfy_memx report of {path}: {data['events']} events over {data['seconds']:.1f} s"
             f", {data['processes']} process(es)")
     if data["malformed_lines"]:
         head += f"; {data['malformed_lines']} malformed line(s) skipped"
     lines = [head, "", "per model"]
     for row in data["models"]:
-        name = f"{row['model_id']}" + (f" (pid {row['pid']})" if several else "")
-        held = f", held by package {row['holder_package']}" if row.get("holder_package") else ""
-        lines.append(f"  {name}  {row['model']}  loaded by package {row['package']}{held}  peak resident "
-                     f"{format_bytes(row['peak_resident_bytes'])}")
-        lines.append("    " + _tally_text(row, of_model=True))
-        if row["leak_sightings"] > 1:
-            lines.append(f"    seen leaked in {row['leak_sightings']} prompts")
-        for leak in row["leak_reports"]:
-            again = "" if leak["reason"] == "new" else f", searched again: {leak['reason']}"
-            lines.append(f"    leak ({leak['stage']}{again})" + ("" if leak["chains"] else ": no chains recorded"))
-            for chain in leak["chains"]:
-                lines.append(f"      held by {chain['path']}  [package {chain.get('holder_package') or chain['package']}, "
-                             f"{chain['root_kind']}]")
-                if "pattern" in chain:
-                    lines.append(f"        fix ({chain['pattern']}): {chain['suggestion']}")
+        lines += _model_lines(row, data["processes"] > 1, report.first_time)
     if not data["models"]:
         lines.append("  (no model events)")
     _section(lines, "leaks by package and holder pattern", data["leak_patterns"], "(no classified holder chains)",
@@ -364,6 +421,7 @@ def format_text(report, path):
                                          f"{row['seconds']:.1f} s ({format_bytes(row['bytes'])})")
     if data["thrash_warnings"]:
         lines.append(f"  {data['thrash_warnings']} thrash warning(s): a model reloaded in every one of the last prompts")
+    lines += _releases_section(data)
     lines += ["", "per package"]
     for row in data["packages"]:
         lines.append(f"  {row['package']}")
@@ -373,13 +431,70 @@ def format_text(report, path):
     return "\n".join(lines)
 
 
+def _model_lines(row, several, first_time):
+    """A model's lines: who loaded (and held) it, its tally, its leaks with their chains and fixes, its releases."""
+    name = f"{row['model_id']}" + (f" (pid {row['pid']})" if several else "")
+    held = f", held by package {row['holder_package']}" if row.get("holder_package") else ""
+    if row["status"] == "released":
+        held = held.replace(", held by", ", was held by") + ", released"
+    lines = [f"  {name}  {row['model']}  loaded by package {row['package']}{held}  peak resident "
+             f"{format_bytes(row['peak_resident_bytes'])}", "    " + _tally_text(row, of_model=True)]
+    if row["leak_sightings"] > 1:
+        lines.append(f"    seen leaked in {row['leak_sightings']} prompts")
+    for leak in row["leak_reports"]:
+        again = "" if leak["reason"] == "new" else f", searched again: {leak['reason']}"
+        lines.append(f"    leak ({leak['stage']}{again})" + ("" if leak["chains"] else ": no chains recorded"))
+        for chain in leak["chains"]:
+            lines.append(f"      held by {chain['path']}  [package {chain.get('holder_package') or chain['package']}, "
+                         f"{chain['root_kind']}]")
+            if "pattern" in chain:
+                lines.append(f"        fix ({chain['pattern']}): {chain['suggestion']}")
+    lines.extend("    " + _release_text(release, first_time, row["model_id"]) for release in row["release_log"])
+    return lines
+
+
+def _releases_section(data):
+    """The section of the memory releases gave back: per holding package, the total, the tries that cut nothing."""
+    lines = []
+    _section(lines, "memory given back by releases (a pack's cache entry cut, no restart), by holding package",
+             data["released_by_package"], "(no release)",
+             lambda row: f"{row['package']}: {row['releases']} release(s), {row['models']} model(s) freed, "
+                         f"{format_bytes(row['released_bytes'])} given back")
+    if data["releases"]:
+        lines.append(f"  total {format_bytes(data['released_bytes'])} given back by {len(data['releases'])} "
+                     "release(s)")
+    if data["release_tries_not_cut"]:
+        tries = ", ".join(f"{outcome} {count}" for outcome, count in data["release_tries_not_cut"].items())
+        lines.append(f"  releases that cut nothing: {tries}")
+    return lines
+
+
+def _release_text(release, first_time, model_id):
+    """One line of a model's release: when (seconds since the log's first event), by what, the cut, the outcome."""
+    when = f"+{release['time'] - first_time:.1f} s" if first_time else "?"
+    trigger = {"http": "the Release button or POST /memx/models/{id}/release", "free": "free --release",
+               "auto": "COMFY_MEMX_RELEASE=auto"}.get(release["trigger"], release["trigger"])
+    if model_id in release["died"]:
+        outcome = f"freed; {format_bytes(release['released_bytes'])} given back by this release"
+    else:
+        outcome = "cut, but the model was still held by something else"
+    return f"released at {when} by {trigger}: cut {release['cut']} (package {release['package']}); {outcome}"
+
+
 def _tally_text(row, of_model=False):
-    """One tally line.  A package's says the leaks it holds and, apart, how many of its loads leaked (whoever holds
-    them); a model's says only how often it leaked, by stage (it holds nothing and loads nothing itself)."""
+    """One tally line.  A package's says the leaks it holds, the releases that cut its cache entries (the bytes
+    given back) and, apart, how many of its loads leaked (whoever holds them); a model's says only how often it
+    leaked, by stage (it holds nothing and loads nothing itself), and that a release freed it."""
     unloads = ", ".join(f"{reason} {count}" for reason, count in row["unloads"].items()) or "none"
     leaks = ", ".join(f"{stage} {count}" for stage, count in row["leaks"].items()) or "none"
     leaked_loads = ", ".join(f"{stage} {count}" for stage, count in row.get("leaked_loads", {}).items()) or "none"
-    leak_text = f"leaked {leaks}" if of_model else f"leaks held {leaks}; its loads that leaked {leaked_loads}"
+    if of_model:
+        leak_text = f"leaked {leaks}" + (", then released (no longer leaked)" if row.get("status") == "released"
+                                         else "")
+    else:
+        released = (f"; released {row['released_models']} model(s), {format_bytes(row['released_bytes'])} given back"
+                    if row.get("releases") else "")
+        leak_text = f"leaks held {leaks}{released}; its loads that leaked {leaked_loads}"
     return (f"loads {row['loads']} ({format_bytes(row['load_bytes'])}, {_gbps(row['load_gb_per_s'])}); "
             f"unloads {unloads} ({format_bytes(row['unload_bytes'])}, {_gbps(row['unload_gb_per_s'])}); "
             f"{leak_text}; pin evictions {row['pin_evictions']} ({format_bytes(row['pin_evicted_bytes'])})")
@@ -394,6 +509,7 @@ MARKERS = {
     "load": {"marker": "^", "markersize": 7, "markerfacecolor": "white", "markeredgecolor": "black"},
     "unload": {"marker": "v", "markersize": 7, "markerfacecolor": "black", "markeredgecolor": "black"},
     "leak": {"marker": "X", "markersize": 11, "markerfacecolor": "red", "markeredgecolor": "darkred"},
+    "release": {"marker": "D", "markersize": 8, "markerfacecolor": "limegreen", "markeredgecolor": "darkgreen"},
 }
 _LANE = 0.8          # height of a lane's band at the largest resident size of the log
 _MODEL_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive",
@@ -436,9 +552,10 @@ def draw_timeline(report):
     Each model's lane holds one step line (gid ``model:<pid>:<model_id>``) whose height is its resident bytes,
     scaled so that the largest resident size of the whole log fills the lane; the line runs from the model's first
     event to the right edge of the plot, past the end of the log (dotted line), since a model stays resident until an
-    unload says otherwise; a model loaded once and never unloaded is a band from its load to the edge.  Loads (white
-    triangle up), unloads (black triangle down) and leaks (red cross, with the leak stage written next to it) are
-    markers on the lane, one artist per kind (gid ``marks:<kind>``), each named in the legend.
+    unload says otherwise; a model loaded once and never unloaded is a band from its load to the edge; a model that
+    a release freed ends at that release.  Loads (white triangle up), unloads (black triangle down), leaks (red
+    cross, with the leak stage written next to it) and releases (green diamond) are markers on the lane, one artist
+    per kind (gid ``marks:<kind>``), each named in the legend.
     """
     from matplotlib.figure import Figure
 
@@ -476,7 +593,10 @@ def _draw_lane(axes, report, lane, key, frame, marks, leak_labels):
     points = report.timeline.get(key, [])
     own_marks = report.marks.get(key, [])
     first = min([at for at, _ in points] + [at for at, _, _ in own_marks] + [report.last_time or start])
-    times = [first - start] + [at - start for at, _ in points] + [frame.right]
+    row = report.models.get(key, {})
+    freed_at = [release["time"] for release in row.get("releases", ()) if model_id in release["died"]]
+    end = (freed_at[-1] - start) if freed_at else frame.right   # a released model's lane ends at its release
+    times = [first - start] + [at - start for at, _ in points] + [end]
     levels = [0] + [resident for _, resident in points]
     levels.append(levels[-1])
     heights = [base + _LANE * level / peak for level in levels]
@@ -490,7 +610,6 @@ def _draw_lane(axes, report, lane, key, frame, marks, leak_labels):
         marks[kind][1].append(base + _LANE * _level(points, at) / peak)
         if kind == "leak":
             leak_labels.append(((at - start) / scale, marks[kind][1][-1], f"leak ({detail})"))
-    row = report.models.get(key, {})
     name = f"{model_id} (pid {pid})" if frame.several else model_id
     return f"{name}  {row.get('package', '?')}  peak {format_bytes(row.get('peak_resident', 0))}"
 

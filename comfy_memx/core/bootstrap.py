@@ -22,6 +22,7 @@ from .state import STATE
 
 log = logging.getLogger("comfy_memx")
 _REPORTED = set()   # the failures already logged in this process: COMFY_MEMX=1 and the node pack both try once
+_FAILED = []        # the error of the last failed activation (the node pack's inactive /memx/status shows it)
 
 
 def bootstrap(source, environ=None):
@@ -59,12 +60,22 @@ def bootstrap_quietly(source):
     runs unpatched rather than half-patched.
     """
     try:
-        return bootstrap(source)
+        config = bootstrap(source)
+        _FAILED.clear()
+        return config
     except MemxError as exc:
+        _FAILED[:] = [exc]
         _report_once(str(exc), "comfy_memx: %s; comfy_memx is NOT active, ComfyUI runs unpatched")
     except Exception as exc:  # never break the interpreter start-up of somebody's server
+        _FAILED[:] = [exc]
         _report_once(repr(exc), "comfy_memx: start-up failed (%s); comfy_memx is NOT active, ComfyUI runs unpatched")
     return None
+
+
+def last_failure():
+    """The error that kept the last :func:`bootstrap_quietly` from activating comfy_memx in this process (a
+    ``ConfigError``, a ``SetupError`` or an unexpected exception), or None."""
+    return _FAILED[-1] if _FAILED else None
 
 
 def _report_once(text, template):

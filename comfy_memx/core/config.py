@@ -293,8 +293,9 @@ SETTINGS = (
             "DNS-rebinding defence (see [Security](security.md)). Set it when a browser on this host opens ComfyUI "
             "under another name (`gpu-box.lan`)."),
     Setting("COMFY_MEMX_SEARCH_CPU", "search_cpu", _positive_seconds, 2.0, "seconds > 0",
-            "CPU seconds per minute that holder searches asked for over HTTP may use in all; beyond it they answer "
-            "429 with `Retry-After`."),
+            "CPU seconds per minute that the holder searches no prompt pays for may use in all (asked for over HTTP, "
+            "a free's, a release's, and the checks after a free or an unload outside prompts); beyond it they "
+            "answer 429 with `Retry-After` or wait for a later point."),
     Setting("COMFY_MEMX_EVENT_RATE", "event_rate", _positive_count, 20, "a whole number >= 1",
             "Events per second that HTTP requests may write (`free`, `handoff` giver); the rest are dropped and "
             "counted (`events_dropped`)."),
@@ -305,9 +306,10 @@ SETTINGS = (
     Setting("COMFY_MEMX_RELEASE", "release", _choice(RELEASE_POLICIES), "off", ", ".join(RELEASE_POLICIES),
             "Give a leaked model's memory back by cutting the one entry of a pack's cache that holds it (see [Giving "
             "memory back without a restart](leaks.md#giving-memory-back-without-a-restart)). off: never; ask: when "
-            "asked (`POST /memx/models/{id}/release`, `free --release`, the panel's Release button); auto: also the "
-            "moment ComfyUI warns about a model that a package of `COMFY_MEMX_RELEASE_PACKAGES` holds. The pack "
-            "rebuilds the entry the next time it needs it."),
+            "asked (`POST /memx/models/{id}/release`, `free --release`, the panel's Release button); auto: also "
+            "each leak of a package of `COMFY_MEMX_RELEASE_PACKAGES` once found (ComfyUI's warning, or a free or an "
+            "unload for the leaks it never warns about). Releases run on ComfyUI's prompt worker between prompts. "
+            "The pack rebuilds the entry the next time it needs it."),
     Setting("COMFY_MEMX_RELEASE_PACKAGES", "release_packages", _package_list, (),
             "comma list of custom-node folder names, or * for every pack",
             "`COMFY_MEMX_RELEASE=auto`: the packs whose caches may be cut automatically (auto with none is refused "
@@ -355,15 +357,17 @@ def parse(environ=None, launcher=False):
         try:
             values[setting.field] = setting.parse(raw)
         except Unusable as exc:
-            raise ConfigError(setting.rejected(raw, f"cannot be used: {exc}", launcher), warnings) from None
+            raise ConfigError(setting.rejected(raw, f"cannot be used: {exc}", launcher), warnings,
+                              setting=setting.env, accepted=setting.accepted) from None
         except (ValueError, TypeError):
             raise ConfigError(setting.rejected(raw, f"is not valid; accepted: {setting.accepted}", launcher),
-                              warnings) from None
+                              warnings, setting=setting.env, accepted=setting.accepted) from None
     if values.get("release") == "auto" and not values.get("release_packages"):
         options = "; launcher options --release auto --release-packages NAMES" if launcher else ""
         raise ConfigError("COMFY_MEMX_RELEASE=auto needs COMFY_MEMX_RELEASE_PACKAGES: the custom-node packages whose "
                           f"caches may be cut automatically (comma list of folder names, or * for every pack{options})",
-                          warnings)
+                          warnings, setting="COMFY_MEMX_RELEASE_PACKAGES",
+                          accepted=next(s.accepted for s in SETTINGS if s.env == "COMFY_MEMX_RELEASE_PACKAGES"))
     return Config(**values)
 
 

@@ -19,12 +19,15 @@ class ConfigError(MemxError, ValueError):
     """A setting has a value we cannot accept; the message names the variable and the accepted values.
 
     ``warnings`` are the typo-guard messages of the same parse (unknown ``COMFY_MEMX_*`` names), so that whoever
-    reports the error reports them too.
+    reports the error reports them too; ``setting`` (the variable) and ``accepted`` (its accepted values, in words)
+    are what the node pack's inactive ``/memx/status`` shows, when the parse knows them.
     """
 
-    def __init__(self, message, warnings=()):
+    def __init__(self, message, warnings=(), setting=None, accepted=None):
         super().__init__(message)
         self.warnings = tuple(warnings)
+        self.setting = setting
+        self.accepted = accepted
 
 
 class SetupError(MemxError):

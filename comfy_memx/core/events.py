@@ -20,11 +20,13 @@ fails it.  The file behaves like a log file:
 * no file I/O on the server's event loop: an event emitted while a loop named by :meth:`EventLog.avoid_loop` runs on
   this thread (ComfyUI's server loop, named by ``surface.routes.register``) is handed to a writer thread; the prompt
   worker's own loop (ComfyUI runs each prompt in one) writes directly, line by line, as before;
-* events written for HTTP requests (:meth:`EventLog.emit_request`) are limited to ``request_rate`` per second;
-  the rest are dropped and counted (``events_dropped`` with ``reason: "rate"``).
+* events written for HTTP requests (:meth:`EventLog.emit_request`) are limited to ``request_rate`` lines per
+  second; the rest are dropped from the file and counted (``events_dropped`` with ``reason: "rate"``).  The limit
+  is the file's only: every subscriber (the metrics' counters, the timeline) still sees every event, so a counter
+  never misses a free or a release that the file had no room for.
 
-Lock rule (README, "Threads and locks"): the file lock is re-entrant.  Opening the file or writing a line may
-allocate and so run a garbage collection whose callbacks could emit an event on the same thread; that event is
+Lock rule (docs/architecture.md, "Threads and locks"): the file lock is re-entrant.  Opening the file or writing a
+line may allocate and so run a garbage collection whose callbacks could emit an event on the same thread; that event is
 written whole, before or after the interrupted line, never inside it.
 """
 
@@ -94,6 +96,9 @@ class EventLog:
 
     def emit(self, event, **fields):
         """Record one event; returns the dict that was written (or None when nobody listens)."""
+        return self._emit(event, fields, to_file=True)
+
+    def _emit(self, event, fields, to_file):
         if not self.wanted:
             return None
         record = {"event": event, "time": round(time.time(), 6), "pid": os.getpid(), **fields}
@@ -102,7 +107,7 @@ class EventLog:
                 callback(record)
             except Exception as exc:
                 internal_error(f"event subscriber {getattr(callback, '__name__', callback)!r}", exc)
-        if self.path is not None and not self._broken:
+        if to_file and self.path is not None and not self._broken:
             line = json.dumps(record, default=str, separators=(",", ":")) + "\n"
             if _running_loop_in(self.avoided_loops):
                 self._hand_over(line)
@@ -112,9 +117,12 @@ class EventLog:
 
     def emit_request(self, event, **fields):
         """:meth:`emit` for an event caused by an HTTP request: at most ``request_rate`` of them per second are
-        written; beyond that the event is dropped (subscribers do not see it either) and counted."""
+        written to the file; beyond that its line is dropped and counted, while the subscribers (the metrics'
+        counters) still see it.  Returns the event when its line was written (or there is no file), else None."""
         if not self.wanted:
             return None
+        if self.path is None or self._broken:
+            return self._emit(event, fields, to_file=False)
         with self._lock:
             tokens, filled = self._bucket
             now = time.monotonic()
@@ -124,7 +132,8 @@ class EventLog:
             if not allowed:
                 self.dropped["rate"] += 1
                 self._unreported["rate"] += 1
-        return self.emit(event, **fields) if allowed else None
+        record = self._emit(event, fields, to_file=allowed)
+        return record if allowed else None
 
     def stats(self):
         """What the file did: ``path``, ``writing`` (False once switched off), ``stalled`` (out of space now) and

@@ -157,8 +157,18 @@ def _label(name, site):
     return site if target == "comfy.model_management" else f"{target}.{site}"
 
 
-def startup_line(version, source, leak_mode):
-    """The one INFO line logged when comfy_memx is active; skipped sites are grouped by reason."""
+def release_words(release, packages=()):
+    """The release setting as the startup line and the panel say it: ``release off``, ``release ask``, ``release
+    auto for pack_a, pack_b`` or ``release auto for every pack`` (``COMFY_MEMX_RELEASE_PACKAGES=*``)."""
+    if release != "auto":
+        return f"release {release}"
+    packages = list(packages or ())
+    return "release auto for " + ("every pack" if packages == ["*"] else ", ".join(packages) or "no pack")
+
+
+def startup_line(version, source, leak_mode, release="off", release_packages=()):
+    """The one INFO line logged when comfy_memx is active: how it was activated, the leak mode and the release
+    setting (:func:`release_words`), then the patched sites and the skipped ones grouped by reason."""
     patched = [_label(name, site) for (name, site), (state, _) in _ordered_status() if state == "patched"]
     skipped = {}
     for (name, site), (state, reason) in _ordered_status():
@@ -166,7 +176,8 @@ def startup_line(version, source, leak_mode):
             skipped.setdefault(reason, []).append(_label(name, site))
     for name, target in table().armed.items():
         skipped.setdefault(f"{target} not imported", []).extend(_label(name, site) for site in patch_of(name).sites)
-    line = f"comfy_memx {version} active ({source}, leak mode {leak_mode}): patched {', '.join(patched) or 'nothing'}"
+    line = (f"comfy_memx {version} active ({source}, leak mode {leak_mode}, {release_words(release, release_packages)})"
+            f": patched {', '.join(patched) or 'nothing'}")
     if skipped:
         line += "; skipped " + "; ".join(f"{', '.join(sites)} ({reason})" for reason, sites in skipped.items())
     return line + late.summary(_module_level_originals())
@@ -194,7 +205,8 @@ def announce(force=False):
     if patches.announced and not force:
         return
     patches.announced = True
-    log.info(startup_line(__version__, STATE.source, STATE.config.leak_mode))
+    config = STATE.config
+    log.info(startup_line(__version__, STATE.source, config.leak_mode, config.release, config.release_packages))
 
 
 @signals.load_starting.subscribe

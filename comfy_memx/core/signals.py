@@ -109,6 +109,12 @@ collect_ended = Signal("collect_ended", "``cleanup_models_gc`` returned or raise
 model_management_patched = Signal("model_management_patched", "``comfy.model_management`` was just patched "
                                                               "(models it holds already are taken in): ``(mm,)``.")
 
+# -- comfy.model_patcher ----------------------------------------------------------------------------------------------
+
+patcher_built = Signal("patcher_built", "``ModelPatcher.__init__`` returned (a new patcher: ComfyUI's loaders "
+                                        "build one around every model they make, a clone one around the same "
+                                        "model): ``(patcher, caller_frame)``.")
+
 # -- execution --------------------------------------------------------------------------------------------------------
 
 prompt_started = Signal("prompt_started", "``PromptExecutor.execute_async`` begins: ``(prompt_id, prompt)``.")
@@ -117,6 +123,9 @@ node_starting = Signal("node_starting", "``get_output_data`` (one node's run) be
 node_ended = Signal("node_ended", "The node of ``node_starting`` returned or raised: ``(prompt_id, node_id, node)``.")
 free_flag_set = Signal("free_flag_set", "``PromptQueue.set_flag(name, ...)`` is about to run: ``(queue, name, "
                                         "caller_frame)``.")
+flags_reading = Signal("flags_reading", "``PromptQueue.get_flags`` is about to run, the queue's mutex not held: "
+                                        "``(queue, reset)``.  ComfyUI's prompt worker calls it after every prompt and "
+                                        "whenever it is woken: its point between prompts, with no node executing.")
 flags_served = Signal("flags_served", "``PromptQueue.get_flags`` returned, the queue's mutex still held: ``(queue, "
                                       "flags, reset)``.")
 cache_reset = Signal("cache_reset", "``PromptExecutor.reset`` returned: ``(executor,)``.")

@@ -28,15 +28,18 @@ def dashboard_path():
     return path(DASHBOARD)
 
 
-def scrape_config(targets, metrics_path="/metrics", interval="15s", job=JOB):
+def scrape_config(targets, metrics_path="/metrics", interval="15s", job=JOB, timeout="10s"):
     """A prometheus.yml fragment (text) that scrapes ``targets`` (``host:port`` of ComfyUI servers) under the job
-    name the rules select.  It names no rules file: the rules are copied where prometheus.yml's ``rule_files``
+    name the rules select, each scrape given ``timeout`` (``/metrics`` answers in milliseconds; a host short of
+    memory can slow it to seconds, and a scrape that times out marks every series stale, which the rules bridge
+    for 2 minutes).  It names no rules file: the rules are copied where prometheus.yml's ``rule_files``
     looks (docs/operations.md, Fleets), since a path into this Python environment moves with every upgrade and would load
     the rules a second time next to the copy."""
     listed = ", ".join(f'"{target}"' for target in targets)
     return (f"scrape_configs:\n"
             f"  - job_name: {job}\n"
             f"    scrape_interval: {interval}\n"
+            f"    scrape_timeout: {timeout}\n"
             f"    metrics_path: {metrics_path}\n"
             f"    static_configs:\n"
             f"      - targets: [{listed}]\n")

@@ -7,6 +7,9 @@ With ``COMFY_MEMX_LEAK_MODE=off`` or nothing loaded, neither half does any work.
 
 A model that a full ``model_unload`` takes out of ComfyUI's loaded list is never warned about: it is watched by
 weakref (``leaks.unwarned``) and looked at after the next ``cleanup_models_gc``, when a full collection ran since.
+
+Releases run on ComfyUI's prompt worker between prompts: at ``flags_reading`` (the worker about to read its free
+flags, after every prompt and whenever it is woken), or, in a process without a prompt worker, at a prompt's end.
 """
 
 from comfy_memx.core import signals
@@ -62,3 +65,23 @@ def after_unload(entry, result, seconds, caller_frame):
     module_ref = STATE.stacks.pending.pop(_unload_key(entry), None)
     if module_ref is not None and result is not False:
         leaks.note_unloaded(module_ref)
+
+
+@signals.flags_reading.subscribe
+def between_prompts(queue, reset):
+    """ComfyUI's prompt worker is between prompts (about to read its free flags): run the queued releases there
+    (``leaks.release.desk``; nothing queued: one attribute read)."""
+    if reset:
+        leaks.releases_due(queue)
+
+
+@signals.prompt_started.subscribe
+def prompt_started(prompt_id, prompt):
+    """Count the prompt: without a prompt worker, no release runs while one runs."""
+    leaks.prompt_started()
+
+
+@signals.prompt_ended.subscribe
+def prompt_ended():
+    """Without a prompt worker, a prompt's end is the point between prompts where the queued releases run."""
+    leaks.prompt_ended()

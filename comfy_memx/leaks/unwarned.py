@@ -32,6 +32,7 @@ node's MODEL is no leak, nor a running node's frame (a model a load in progress 
 """
 
 import collections
+import functools
 import gc
 import logging
 import sys
@@ -39,14 +40,15 @@ import time
 import weakref
 
 from comfy_memx.core.state import STATE
-from comfy_memx.leaks import watch
-from comfy_memx.leaks.release.engine import in_comfyui_use
+from comfy_memx.leaks import gate, watch
+from comfy_memx.leaks.release.engine import in_comfyui_use, release_automatically
 from comfy_memx.ledger import api as ledger
 
 log = logging.getLogger("comfy_memx")
 
 MAX_WATCHED = 64   # full unloads remembered (by weakref) until a collection shows whether their model survived
 MAX_PROBED = 4     # suspects probed per check: the rest wait for the next collection point
+GATE_WAIT_S = 0.5  # outside a prompt, how long a probe waits for the search gate; then the suspect waits
 AFTER_FREE, AFTER_UNLOAD = "after_free", "after_unload"
 THREAD_FRAME = "thread_frame"   # a holder chain's root_kind (leaks.holders.ROOT_THREAD_FRAME)
 
@@ -130,7 +132,9 @@ def check(model_management, found_by=None):
               and in_comfyui_use(record, module, model_management) is None):
             probed += 1
             watched.pop(key, None)   # searched once per unload: a later unload watches it again
-            _probe(record, module, model_management, found_by)
+            if not _probe(record, model_management, found_by):
+                watched[key] = suspect   # the search gate refused: it and the rest wait for a later point
+                break
         del module
 
 
@@ -145,21 +149,39 @@ def _listed(model_management):
     return listed
 
 
-def _probe(record, module, model_management, found_by):
+def _probe(record, model_management, found_by):
     """The forward probe of one suspect (strict mode: the backward search after it, for a model no ModelPatcher
-    holds); records the leak when it names a holder that makes one.  All of it under the process's search desk, so
-    that a receipt recording the same model at the same time (:func:`record_searched`) counts it once."""
+    holds); records the leak when it names a holder that makes one.  Inside a prompt it spends that prompt's
+    allowance; outside one (a free's receipt, an idle unload, a hand-off: no prompt pays) it goes through the search
+    gate (``leaks.gate``), within ``COMFY_MEMX_SEARCH_CPU``.  Returns False when the gate refused (nothing ran)."""
+    if ledger.current_prompt_id() is not None:
+        _probe_now(record, model_management, found_by, None)
+        return True
+    try:
+        gate.gate().run(functools.partial(_probe_now, record, model_management, found_by), GATE_WAIT_S)
+    except gate.Busy:
+        return False
+    return True
+
+
+def _probe_now(record, model_management, found_by, budget_s):
+    """The probe itself, within ``budget_s`` CPU seconds (None: the probe's own budget, then the prompt's
+    allowance), under the process's search desk, so that a receipt recording the same model at the same time
+    (:func:`record_searched`) counts it once."""
     searches = watch.desk()
     if not searches.running.acquire(timeout=watch.WAIT_FOR_SEARCH_S):
         return
     from comfy_memx.leaks import holders
+    module = record.module_ref()
     try:
-        if record.leak is not None:
+        if record.leak is not None or module is None:
             return
-        report = holders.find_holders(module, budget_s=watch.PROBE_CPU_S, ignore=_ignored(),
+        probe_s = watch.PROBE_CPU_S if budget_s is None else min(watch.PROBE_CPU_S, budget_s)
+        report = holders.find_holders(module, budget_s=probe_s, ignore=_ignored(),
                                       ignore_frames_up_to=sys._getframe(), first_path=True, backward=False)
         if not report.chains and STATE.config.leak_mode == "strict" and not record.live_patchers():
-            report = _strict_search(module, report, holders)
+            left = None if budget_s is None else budget_s - report.cpu_seconds
+            report = _strict_search(module, report, holders, left)
         referrers = [watch.referrer_of(chain) for chain in report.chains]
         holder = leak_holder(record, referrers)
         if holder is not None:
@@ -167,17 +189,21 @@ def _probe(record, module, model_management, found_by):
             _record(record, (referrers, holder), dict(watch.search_summary(report), reason="new"),
                     found_by or _found_by(record))
     finally:
+        del module
         searches.running.release()
 
 
-def _strict_search(module, probe, holders):
-    window = ledger.current_prompt_id() or ("call", next(watch.book().calls))
-    budget = watch.book().remaining(window)
+def _strict_search(module, probe, holders, budget_s=None):
+    """The backward search after a probe that found nothing, within ``budget_s`` (None: what is left of the running
+    prompt's ``COMFY_MEMX_LEAK_BUDGET`` allowance)."""
+    window = ledger.current_prompt_id()
+    budget = watch.book().remaining(window) if budget_s is None else budget_s
     if budget < min(watch.MIN_SEARCH_S, STATE.config.leak_budget):
         return probe
     report = holders.find_holders(module, budget_s=budget, ignore=_ignored(), ignore_frames_up_to=sys._getframe(),
                                   first_path=True)
-    watch.book().spend(window, report.cpu_seconds)
+    if budget_s is None:
+        watch.book().spend(window, report.cpu_seconds)
     return report
 
 
@@ -228,9 +254,10 @@ def leak_holder(record, referrers):
 
 
 def custom_node_packages():
-    """The names of the custom-node packages loaded in this process (as the holder search names them)."""
-    from comfy_memx.leaks.holders.packages import custom_node_package_names
-    return custom_node_package_names()
+    """The names of the custom-node packages loaded in this process (as the holder search names them:
+    ``leaks.holders.packages.custom_node_packages``, kept until ``sys.modules`` changes)."""
+    from comfy_memx.leaks.holders.packages import custom_node_packages as loaded
+    return loaded()
 
 
 def _found_by(record):
@@ -251,6 +278,8 @@ def _record(record, found, summary, found_by):
     watch.book().rooted_leaks.add(record.model_id)
     _log(record)
     watch.emit_leak(record, reason="new")
+    if STATE.config.release == "auto":
+        release_automatically([record])   # queued: ComfyUI's prompt worker runs it between prompts
 
 
 def _log(record):

@@ -47,7 +47,7 @@ from urllib.parse import quote
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.refs import OWN_REFS
 from comfy_memx.core.state import STATE
-from comfy_memx.leaks import patterns
+from comfy_memx.leaks import gate, patterns
 from comfy_memx.ledger import api as ledger
 
 log = logging.getLogger("comfy_memx")
@@ -96,16 +96,26 @@ class LeakBook:
         self.graph_warned = False  # a leak graph that could not be written was logged (once per process)
 
     def remaining(self, window):
-        """CPU seconds of strict-mode work left in ``window`` (a prompt, or one cleanup call outside prompts) under
-        ``COMFY_MEMX_LEAK_BUDGET``."""
+        """CPU seconds of strict-mode work left in ``window`` under ``COMFY_MEMX_LEAK_BUDGET``: a prompt's own
+        allowance; outside prompts (a cleanup call during a free, say: no prompt pays) what the search gate's
+        ``COMFY_MEMX_SEARCH_CPU`` bucket holds, so that no caller buys a fresh allowance per call."""
+        if _outside_prompts(window):
+            return min(float(STATE.config.leak_budget), gate.gate().cpu_left())
         if window != self.prompt_id:
             self.prompt_id, self.spent_s = window, 0.0
         return max(0.0, STATE.config.leak_budget - self.spent_s)
 
     def spend(self, window, seconds):
-        """Count ``seconds`` of strict-mode CPU time against ``window``."""
+        """Count ``seconds`` of strict-mode CPU time against ``window`` (outside prompts: the search gate's)."""
+        if _outside_prompts(window):
+            gate.gate().charge(seconds)
+            return
         self.remaining(window)
         self.spent_s += seconds
+
+
+def _outside_prompts(window):
+    return isinstance(window, tuple)
 
 
 def book():
@@ -169,14 +179,18 @@ def before_collect(found):
         module = suspect.module_ref()
         if module is None:
             continue
+        if _outside_prompts(window) and leaks.remaining(window) < gate.MIN_SEARCH_S:
+            del module
+            continue   # outside prompts the search gate pays, and its budget is spent: not probed now
         if not searches.running.acquire(timeout=WAIT_FOR_SEARCH_S):
             del module
             continue   # a requested search of ours holds the desk: reported as deferred after the collect
         try:
             suspect.probe = holders.find_holders(module, budget_s=PROBE_CPU_S, ignore=_ignored(found),
                                                  first_path=True, backward=False)
-            if mode == "strict":
+            if mode == "strict" or _outside_prompts(window):
                 leaks.spend(window, suspect.probe.cpu_seconds)
+            if mode == "strict":
                 budget = leaks.remaining(window)
                 if suspect.probe.result != holders.RESULT_FOUND and budget >= MIN_SEARCH_S:
                     # held by no root the probe sees: it may be a cycle that the collect is about to free
@@ -287,6 +301,11 @@ def _search(record, module, found, context, reason):
     leaks = book()
     budget = leaks.remaining(window)
     least = min(MIN_SEARCH_S, STATE.config.leak_budget)
+    if (budget < least or budget <= 0) and _outside_prompts(window):
+        _defer(record, reason, f"outside prompts searches are paid by COMFY_MEMX_SEARCH_CPU "
+                               f"({STATE.config.search_cpu:g} s of CPU time per minute), spent now; searched in the "
+                               "next prompt")
+        return None
     if budget < least or budget <= 0:
         _defer(record, reason, f"less than {least:g} s of this prompt's COMFY_MEMX_LEAK_BUDGET "
                                f"({STATE.config.leak_budget:g} s of CPU time) is left; searched in the next prompt")
@@ -389,6 +408,25 @@ def search_now(record, ignore=(), budget_s=None):
         with searches.lock:
             searches.flights.pop(record.model_id, None)
         flight.done.set()
+
+
+def gated_search(record, ignore=(), wait_s=gate.QUEUE_S):
+    """:func:`search_now` through the search gate (``leaks.gate``: one at a time, within ``COMFY_MEMX_SEARCH_CPU``),
+    remembered as the model's last gated search; raises ``gate.Busy`` when it cannot run within ``wait_s``."""
+    searches = gate.gate()
+    found = searches.run(lambda budget: search_now(record, ignore=ignore, budget_s=budget), wait_s)
+    searches.remember(record, found)
+    return found
+
+
+def search_or_say_why(record, wait_s, ignore=()):
+    """:func:`gated_search`, or, when the gate refuses, the answer of a search that did not run: no holders, and
+    ``search`` saying why (``result`` ``deferred``, ``note`` ``not searched: cpu budget``)."""
+    try:
+        return gated_search(record, ignore=ignore, wait_s=wait_s)
+    except gate.Busy as busy:
+        return {"holders": [], "holder": None, "search": {"result": "deferred", "retry_after": busy.retry_after,
+                                                          "note": f"not searched: {busy.why.replace('_', ' ')}"}}
 
 
 def _search_now(record, ignore, budget_s):

@@ -2,6 +2,7 @@
 ``comfy_memx.core.signals``) and the other wings call of it, so that moving code between the ledger's modules never
 touches a caller.
 
+Models built: :func:`note_built` (a ModelPatcher ComfyUI built: a new model's record, or a clone's patcher).
 Loads: :func:`begin_load` / :func:`end_load` (one ``load_models_gpu`` call; the entries it dropped silently),
 :func:`loaded_size`, :func:`note_model_load`, :func:`note_model_unload`, :func:`adopt_loaded` (late activation).
 Unload scopes (their reason and who asked): :func:`begin_unload_scope` / :func:`begin_unload_all` /
@@ -20,6 +21,7 @@ from comfy_memx.ledger import accounting, attribution, causes
 from comfy_memx.ledger.accounting import (adopt_loaded, begin_load, end_load, loaded_size,  # noqa: F401
                                           note_model_unload)
 from comfy_memx.ledger.attribution import current_prompt_id  # noqa: F401
+from comfy_memx.ledger.creation import on_built as note_built  # noqa: F401
 from comfy_memx.ledger.causes import flags_served, note_flag_set as flag_set, reload_view  # noqa: F401
 from comfy_memx.ledger.fileloads import file_loaded  # noqa: F401
 

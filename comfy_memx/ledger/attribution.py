@@ -2,10 +2,12 @@
 
 ComfyUI sets ``comfy_execution.utils.current_executing_context`` (prompt_id, node_id) around every node function;
 the class_type comes from the prompt that :func:`begin_prompt` recorded (the execution patch calls it).  The package
-is the one that defines the executing node's class (``nodes.NODE_CLASS_MAPPINGS``): the node whose work asked for
+is the one that defines the executing node's class (``nodes.NODE_CLASS_MAPPINGS``), by the file it lies in (not by
+its module's name: ComfyUI registers a pack under its folder's path, a pack may import its modules under top-level
+names), else by the label ComfyUI's custom-node loader gave the class: the node whose work asked for
 the load owns it, even when another pack's wrapper around a core function (``comfy.sample.sample``, say) sits on the
 stack; that pack is named as ``via``.  Outside a node (a pack's own thread, a route) the package is the folder under
-a ``custom_nodes`` directory of the innermost stack frame that lives there, else ``"core"``.  Everything here is
+a custom-node folder of the innermost stack frame that lives there, else ``"core"``.  Everything here is
 cheap enough for a load: a context-variable read, two dict lookups and a walk of the stack with a per-file cache.
 """
 
@@ -105,11 +107,33 @@ def package_of_node(class_type):
     cached = by_class.get(class_type)
     if cached is not None and cached[0] is cls:
         return cached[1]
-    module = sys.modules.get(getattr(cls, "__module__", None) or "")
-    package = package_of_file(getattr(module, "__file__", None) or "") or "core"
+    package = package_of_file(_class_file(cls)) or _custom_node_label(cls) or "core"
     if len(by_class) < 10_000:
         by_class[class_type] = (cls, package)
     return package
+
+
+def _class_file(cls):
+    """The source file of a node class: its module's ``__file__`` (whatever name ComfyUI or the pack registered the
+    module under), else the file of its ``FUNCTION`` method's code; None when neither is known."""
+    module = sys.modules.get(getattr(cls, "__module__", None) or "")
+    path = getattr(module, "__file__", None)
+    if isinstance(path, str) and path:
+        return path
+    code = getattr(getattr(cls, getattr(cls, "FUNCTION", None) or "", None), "__code__", None)
+    return getattr(code, "co_filename", None)
+
+
+CUSTOM_NODES_LABEL = "custom_nodes."   # COMFY: nodes.load_custom_node sets RELATIVE_PYTHON_MODULE (0.3.64-0.33.0)
+
+
+def _custom_node_label(cls):
+    """The pack ComfyUI's custom-node loader labelled a node class with (``RELATIVE_PYTHON_MODULE`` =
+    ``custom_nodes.<pack>``), or None: for a class whose file lies in no custom-node folder ComfyUI knows."""
+    label = getattr(cls, "RELATIVE_PYTHON_MODULE", None)
+    if isinstance(label, str) and label.startswith(CUSTOM_NODES_LABEL):
+        return label[len(CUSTOM_NODES_LABEL):] or None
+    return None
 
 
 def node_context():

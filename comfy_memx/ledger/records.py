@@ -1,14 +1,15 @@
-"""The ownership ledger: one record per torch module ComfyUI loaded, held by weakref only.
+"""The ownership ledger: one record per torch module ComfyUI built or loaded, held by weakref only.
 
 comfy_memx must never be the reason a model stays in memory, so a record keeps a ``weakref.ref`` to the module and
 ``{id: weakref}`` of the ModelPatchers seen with it, and is dropped once the module is collected.  Records carry
-identity (class name, a stable ``model_id``), the owner at load time, resident bytes, the last unloads and the leak
-state; they never hold tensors, patchers or the module.
+identity (class name, a stable ``model_id``), who built it and when (``created_by``, ``created_at``: a model enters
+the ledger when ComfyUI builds its first ModelPatcher, see ``ledger.creation``), the owner at load time, resident
+bytes, the last unloads and the leak state; they never hold tensors, patchers or the module.
 
-Lock rule (see README, "Threads and locks"): a weakref callback can run inside any allocation, on any thread, while
-that thread holds whatever lock it holds.  So the callbacks here take no lock: a module's death only appends to a
-deque (atomic), and the entries are purged by the next :meth:`Ledger.record_for` or :meth:`Ledger.records`, under a
-lock that no callback ever takes.
+Lock rule (docs/architecture.md, "Threads and locks"): a weakref callback can run inside any allocation, on any
+thread, while that thread holds whatever lock it holds.  So the callbacks here take no lock: a module's death only
+appends to a deque (atomic), and the entries are purged by the next :meth:`Ledger.record_for` or
+:meth:`Ledger.records`, under a lock that no callback ever takes.
 """
 
 import collections
@@ -28,7 +29,7 @@ class ModelRecord:
     __slots__ = ("model_id", "model", "module_ref", "patcher_id", "model_bytes", "device", "copies", "owner", "loaded_bytes",
                  "loaded_at", "last_used", "loads", "unloads", "patchers", "leak", "last_unload_cause", "reloads",
                  "reload_seconds", "reload_bytes", "reload_causes", "reload_prompts", "thrash_warned",
-                 "unload_seq", "holder_steps", "__weakref__")
+                 "unload_seq", "holder_steps", "created_by", "created_at", "__weakref__")
 
     def __init__(self, model_id, module_ref, class_name):
         self.model_id = model_id
@@ -55,6 +56,8 @@ class ModelRecord:
         self.thrash_warned = None
         self.unload_seq = -1            # the number of its last reported unload (see accounting.entries_snapshot)
         self.holder_steps = {}          # holder path -> its steps (leaks.holders.steps), from the last search
+        self.created_by = None          # the Owner of the node run that built it (ledger.creation), None if unknown
+        self.created_at = None          # when it was built (time.time()), None if unknown
 
     @property
     def alive(self):

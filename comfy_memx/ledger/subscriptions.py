@@ -17,6 +17,12 @@ UNLOAD_SCOPE_REASONS = {"free_memory": "memory_pressure", "unload_model_and_clon
 """The reason of an unload scope that keeps an enclosing scope's (``unload_all_models`` chooses its own)."""
 
 
+@signals.patcher_built.subscribe
+def patcher_built(patcher, caller_frame):
+    """ComfyUI built a ModelPatcher: a new model enters the ledger with who built it; a clone's patcher is noted."""
+    ledger.note_built(patcher, caller_frame)
+
+
 @signals.load_starting.subscribe
 def begin_load(mm, models, caller_frame):
     """A ``load_models_gpu`` call begins: push its ``LoadCall``."""

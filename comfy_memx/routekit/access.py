@@ -1,4 +1,4 @@
-"""Who may use comfy_memx's routes that change state or cost CPU (README, "Security").
+"""Who may use comfy_memx's routes that change state or cost CPU (docs/security.md).
 
 ComfyUI itself serves every route to whoever reaches its port (``--listen 0.0.0.0``).  comfy_memx keeps its read
 routes the same (``GET /memx/models``, the metrics) and lets ``POST /memx/free`` unload from anywhere, as ComfyUI's

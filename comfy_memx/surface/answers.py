@@ -21,10 +21,12 @@ import json
 import sys
 import time
 
+from comfy_memx.core.comfyui import running_prompt_ids
 from comfy_memx.core.state import STATE
 from comfy_memx.pins import api as pins
 from comfy_memx.routekit.replies import clip
-from comfy_memx.surface import gate, readmodel
+from comfy_memx.leaks import api as leaks
+from comfy_memx.surface import readmodel
 
 MAX_AGE_S = 1.0
 
@@ -87,7 +89,7 @@ def row_key(record, listed):
     in_list = id(module) in listed
     del module
     leak = record.leak
-    searched = gate.gate().last_search(record)
+    searched = leaks.search_gate().last_search(record)
     return (record.model_id, record.loads, record.unload_seq, record.loaded_bytes, record.last_used,
             record.model_bytes, record.reloads, len(record.patchers), in_list, len(record.holder_steps),
             None if searched is None else (searched.get("time"), searched.get("result"), searched.get("holder")),
@@ -98,8 +100,9 @@ def row_key(record, listed):
 
 
 def shared_key(mm):
-    """What every row is built from: the pinned totals (the pin budget's, else ComfyUI's) and the release policy;
-    a change rebuilds every row."""
+    """What every row is built from: the pinned totals (the pin budget's, else ComfyUI's), the release policy and
+    the prompts running (a leaked model a running prompt loaded again is in use until it ends); a change rebuilds
+    every row."""
     budget = pins.budget()
     pinned = budget.totals() if budget is not None else getattr(mm, "TOTAL_PINNED_MEMORY", None)
-    return pinned, STATE.config.release
+    return pinned, STATE.config.release, tuple(sorted(running_prompt_ids()))

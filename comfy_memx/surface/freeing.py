@@ -20,16 +20,22 @@ main.py).  A request is matched to the worker run that *consumed its flags*, exa
   again.  # COMFY: the worker reads the flags after each prompt, collects garbage, then waits on the queue (up to
   1000 s); a flag set between its read and its wait wakes nobody.
 
-Lock rule (README, "Threads and locks"): the desk's lock is never taken by the ``gc.callbacks`` hook or any weakref
-callback; the hook reads the run of its own thread from a dict and only the worker thread writes a run's phase.
+Lock rule (docs/architecture.md, "Threads and locks"): the desk's lock is never taken by the ``gc.callbacks`` hook or
+any weakref callback; the hook reads the run of its own thread from a dict and only the worker thread writes a run's
+phase.
 
 The receipt lists what was freed, what ComfyUI still has loaded, and the survivors: models whose torch module is
 alive although ComfyUI no longer holds them, each with the holder chains of a time-bounded strict search.  ComfyUI
 never warns about a model it unloaded, so once the worker has collected, a survivor whose search names a holder
 that makes it a leak is recorded as one (``leaks.unwarned``: ``found_by`` ``after_free``), counted once like any leak.
+With ``release`` (``/memx/free`` with ``"release": true``, ``free --release``), the survivors whose holder is known
+(their leak report's, else a search's) are released in one job on the leak wing's release desk, which ComfyUI's
+prompt worker runs between prompts (``leaks.release.desk``), and the receipt is written after it.
 Everything is held by weakref or ``model_id``; a module is strong only inside one search.
 """
 
+import contextlib
+import functools
 import gc
 import sys
 import threading
@@ -43,7 +49,6 @@ from comfy_memx.leaks import api as leaks
 from comfy_memx.surface import readmodel, retention
 from comfy_memx.surface.readmodel import still_loaded
 
-MAX_SEARCHED = 8  # survivors per request that get a holder search (each bounded by COMFY_MEMX_LEAK_BUDGET)
 RECEIPT_WAIT_S = 0.5  # how long a receipt waits for another search to end; then its survivors say "busy"
 FLAGS = ("unload_models", "free_memory")
 
@@ -368,71 +373,154 @@ def unload_now(queue, origin, timeout):
 
 # -- the receipt -----------------------------------------------------------------------------------------------------
 
-def receipt(request, model_management=None, search_holders=True, trim=False, release=False):
+class Survey:
+    """What a receipt knows before any release: what ComfyUI still has loaded, what was freed, and the survivors as
+    ``(row, ledger record)`` pairs (records hold their model by weakref only)."""
+
+    def __init__(self, request, loaded, freed, survivors):
+        self.request, self.loaded, self.freed, self.survivors = request, loaded, freed, survivors
+
+    def releasable(self):
+        """The survivors whose holder is known (their row's ``holders``): what a release may act on."""
+        return [(row, record) for row, record in self.survivors if row.get("holders")]
+
+
+def receipt(request, model_management=None, search_holders=True, trim=False, release=False, release_wait_s=60.0):
     """The receipt of ``request``: freed, still_loaded, survivors (with holder chains when ``search_holders`` is
     True; a string instead says why they were not searched).
 
-    Survivors are taken among the models alive when the request began, plus every leaked model.  When the run that
+    Survivors are taken among the models alive when the request began (the ledger knows every model ComfyUI built,
+    loaded or not: a loader's output no sampler used is among them), plus every leaked model.  When the run that
     served the request reset ComfyUI's caches (``free_memory``, ours or another client's in the same run), any of
     them still alive is kept by something else; after an unload only, a model counts when ComfyUI warned about it
     or no ModelPatcher refers to it any more.  Before the worker is done only the leaked ones are known, and no
     search runs.  ``memory`` tells allocator retention from held bytes (``surface.retention``); ``trim`` runs
     ``malloc_trim(0)`` first (the route does once the worker is done).  ``release`` releases each survivor whose
-    search found a holder before the memory is read (``releases``; the bytes of every model that died with their cut
-    entries: ``release_bytes``).
+    holder is known, through the release desk (on ComfyUI's prompt worker between prompts, waiting at most
+    ``release_wait_s`` for it), before the memory is read: ``releases`` (the bytes of every model that died with
+    their cut entries: ``release_bytes``); the survivors listed are those the releases did not free.
+    Blocking: the route runs the same steps with its waits on the event loop.
     """
+    survey = take_survey(request, model_management, search_holders, release=release)
+    releases, note, state = [], None, RELEASE_DONE if release else None
+    if release:
+        job = queue_releases(survey)
+        if job is not None and not job.wait(release_wait_s) and leaks.withdraw_release(job):
+            note, state = RELEASE_WITHDRAWN, WITHDRAWN
+        elif job is not None:
+            job.wait(None)
+            releases = job.result or []
+    return write_receipt(survey, releases, trim, release_note=note, release_state=state)
+
+
+RELEASE_DONE, WITHDRAWN, NOT_RUN = "done", "withdrawn", "not_run"   # a receipt's release_state
+RELEASE_WITHDRAWN = ("not released: a prompt was running and did not end before the timeout; nothing was cut "
+                     "(releases run on ComfyUI's prompt worker between prompts: ask again when it is idle)")
+
+
+def take_survey(request, model_management=None, search_holders=True, release=False):
+    """Freed, still loaded and the survivors of ``request``, searched (``search_holders``: see :func:`receipt`) and,
+    once the worker is done, recorded as leaks where their holder makes them one.  With ``release`` the leaks
+    recorded here queue no ``auto`` release (the caller releases them itself).  Blocking: never on the event loop."""
     if model_management is None:
         model_management = sys.modules.get("comfy.model_management")
     loaded = still_loaded(model_management)
     loaded_ids = {row["model_id"] for row in loaded}
     freed = _freed(request)
-    survivors = _survivors(request, loaded_ids)
+    survivors = _survivors(request, loaded_ids, model_management)
     if search_holders is True:
-        _search_survivors(request, survivors)
+        _search_survivors(request, survivors, known_first=release)
     elif search_holders:  # a reason why they are not searched
         for survivor, _ in survivors:
             survivor["search"] = {"note": str(search_holders)}
     if request.done:
-        _record_leaks(survivors, model_management)
+        with leaks.releasing_here() if release else contextlib.nullcontext():
+            _record_leaks(survivors, model_management)
     for survivor, record in survivors:
         survivor["leak"] = leaks.public_state(record.leak)
-    rows = [survivor for survivor, _ in survivors]
-    released = release_survivors(rows) if release else []
+        if release and survivor["holders"] is None and search_holders is True:
+            _known_holders(survivor, record)   # the never-warned check just now named them: releasable too
+    return Survey(request, loaded, freed, survivors)
+
+
+def queue_releases(survey):
+    """Queue one release job (``leaks.release``'s desk: ComfyUI's prompt worker runs it between prompts) that releases
+    every survivor of ``survey`` whose holder is known, in order; returns the job, or None when there is none."""
+    pairs = survey.releasable()
+    if not pairs:
+        return None
+    return leaks.submit_release(functools.partial(release_survivors, pairs), "free")
+
+
+def release_survivors(pairs):
+    """Release each ``(survivor row, record)`` (``leaks.release`` with the row's holders): the receipts, in order.
+    Blocking; run by the release desk, between prompts."""
+    return [leaks.release(record, "free", referrers=row["holders"]) for row, record in pairs]
+
+
+def write_receipt(survey, releases, trim, release_note=None, release_state=None):
+    """The receipt of a survey and its releases (see :func:`receipt`): the survivors listed are those its releases
+    did not free (a model that died with a cut entry is not listed), and the memory is read after them.
+    ``release_state`` (only when a release was asked): ``done``, ``withdrawn`` (a prompt ran past the timeout:
+    nothing was cut) or ``not_run`` (the worker had not finished freeing)."""
+    request = survey.request
+    gone = {model["model_id"] for release in releases
+            for model in (release.get("models") or [release]) if model["died"]}   # every model a cut entry took
+    rows = [row for row, _record in survey.survivors if row["model_id"] not in gone]
     memory = _memory(request, trim)
     run = request.run
     finished = run.finished if run is not None and run.finished else time.time()
-    return {"status": "done" if request.done else "pending", "worker": request.state,
-            "waited_s": round(finished - request.began, 3),
-            "request": {"unload_models": request.unload_models, "free_memory": request.free_memory},
-            "run": {"unload_models": run.unload_models, "free_memory": run.free_memory,
-                    "requests": len(run.requests)} if run is not None else None,
-            "freed": freed, "freed_bytes": sum(row["unloaded_bytes"] for row in freed),
-            "released_bytes": sum(row["bytes"] for row in freed if row["released"]),
-            "still_loaded": loaded, "survivors": rows,
-            "survivor_bytes": sum(row["bytes"] for row in rows), "releases": released,
-            "release_bytes": sum(row.get("released_bytes", row["bytes"] if row["died"] else 0) for row in released),
-            "memory": memory}
+    answer = {"status": "done" if request.done else "pending", "worker": request.state,
+              "waited_s": round(finished - request.began, 3),
+              "request": {"unload_models": request.unload_models, "free_memory": request.free_memory},
+              "run": {"unload_models": run.unload_models, "free_memory": run.free_memory,
+                      "requests": len(run.requests)} if run is not None else None,
+              "freed": survey.freed, "freed_bytes": sum(row["unloaded_bytes"] for row in survey.freed),
+              "released_bytes": sum(row["bytes"] for row in survey.freed if row["released"]),
+              "still_loaded": survey.loaded, "survivors": rows,
+              "survivor_bytes": sum(row["bytes"] for row in rows), "releases": releases,
+              "release_bytes": sum(row.get("released_bytes", row["bytes"] if row["died"] else 0) for row in releases),
+              "memory": memory}
+    if release_note is not None:
+        answer["release_note"] = release_note
+    if release_state is not None:
+        answer["release_state"] = release_state
+    return answer
 
 
-def _search_survivors(request, survivors):
-    """Search the holders of the first :data:`MAX_SEARCHED` survivors through the search gate (one search at a time
-    in the process, within ``COMFY_MEMX_SEARCH_CPU``); once the gate refuses, the rest say why."""
-    from comfy_memx.surface import gate
+def _search_survivors(request, survivors, known_first=False):
+    """Name every survivor's holders through the search gate, one search at a time in the process, within
+    ``COMFY_MEMX_SEARCH_CPU`` (a search lists every holder); once the gate refuses, the rest say why.  With
+    ``known_first`` (a free that releases them), a survivor whose leak report already named its holders (its
+    record's referrers and the steps to walk them again) needs no search: the release walks them again anyway."""
     refused = None
-    for survivor, record in survivors[:MAX_SEARCHED]:
+    for survivor, record in survivors:
+        if known_first and _known_holders(survivor, record):
+            continue
         if refused is not None:
             survivor["search"] = refused
             continue
         try:
-            survivor.update(gate.gate().search(record, ignore=[request, survivors], wait_s=RECEIPT_WAIT_S))
-        except gate.Busy as busy:
+            survivor.update(leaks.gated_search(record, ignore=[request, survivors], wait_s=RECEIPT_WAIT_S))
+        except leaks.Busy as busy:
             refused = {"note": f"not searched: {busy.why.replace('_', ' ')}", "retry_after": busy.retry_after}
             survivor["search"] = refused
         except Exception as exc:  # a failed search leaves the survivor listed, with the error
             survivor["search"] = {"error": f"{type(exc).__name__}: {exc}"}
             internal_error("holder search for /memx/free", exc, answered=True)
-    for survivor, _ in survivors[MAX_SEARCHED:]:
-        survivor["search"] = {"note": f"not searched: only {MAX_SEARCHED} survivors are searched per request"}
+
+
+def _known_holders(survivor, record):
+    """Fill a survivor's ``holders`` from its leak report when that named them with the steps to walk them again
+    (no new search); returns True when it did."""
+    leak = record.leak or {}
+    if leak.get("stage") != "rooted" or not leak.get("referrers") or not record.holder_steps:
+        return False
+    survivor["holders"] = list(leak["referrers"])
+    survivor["holder"] = leak.get("holder")
+    survivor["search"] = dict(leak.get("search") or {}, note="the holders its leak report named (POST "
+                              "/memx/models/{model_id}/search searches again)")
+    return True
 
 
 def _record_leaks(survivors, model_management):
@@ -446,19 +534,6 @@ def _record_leaks(survivors, model_management):
         leaks.check_unloaded(model_management)
     except Exception as exc:   # the receipt is answered all the same
         internal_error("leaks found after a free", exc)
-
-
-def release_survivors(survivors):
-    """Release every survivor row whose search found a holder (``leaks.release``): the receipts, in the order of
-    the survivors.  Blocking; each release may search a survivor's next holder."""
-    done = []
-    for survivor in survivors:
-        if not survivor.get("holders"):
-            continue
-        record = next((r for r in STATE.ledger.records() if r.model_id == survivor["model_id"]), None)
-        if record is not None:
-            done.append(leaks.release(record, "free", referrers=survivor["holders"]))
-    return done
 
 
 def _memory(request, trim):
@@ -523,7 +598,7 @@ def _freed(request):
     return rows
 
 
-def _survivors(request, loaded_ids):
+def _survivors(request, loaded_ids, model_management=None):
     candidates = dict(request.before) if request.done else {}
     for record in STATE.ledger.records():
         if record.leak is not None:
@@ -531,8 +606,8 @@ def _survivors(request, loaded_ids):
     caches_reset = request.run is not None and request.run.free_memory
     found = []
     for model_id, record in candidates.items():
-        if model_id in loaded_ids or not record.alive:
-            continue
+        if model_id in loaded_ids or not record.alive or readmodel.in_use(record, model_management):
+            continue   # a model a running prompt loaded again is in use, no survivor
         why = _why_alive(record)
         if why == "kept" and not (request.done and caches_reset):
             continue
@@ -540,8 +615,9 @@ def _survivors(request, loaded_ids):
         resident = int(getattr(module, "model_loaded_weight_memory", 0) or 0) if module is not None else 0
         del module
         found.append(({"model": record.model, "model_id": model_id, "owner": record.owner._asdict(),
-                       "bytes": record.model_bytes, "resident_bytes": resident, "reason": why, "leak": None,
-                       "holders": None, "search": None}, record))
+                       "created_by": readmodel.created_by(record), "bytes": record.model_bytes,
+                       "resident_bytes": resident, "reason": why, "leak": None, "holders": None, "search": None},
+                      record))
     return found
 
 

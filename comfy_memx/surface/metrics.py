@@ -12,15 +12,18 @@ comfy_memx_patch_sites                     gauge      state (patched/rewrapped/s
 comfy_memx_patch_skipped                   gauge      patch, site, reason (absent/disabled/not_imported/other): 1
 comfy_memx_loaded_bytes                    gauge      device: weights loaded on each load device
 comfy_memx_model_loaded_bytes              gauge      model, package, device (copies of one model summed)
-comfy_memx_model_bytes                     gauge      model, package, state (loaded/offloaded/leaked)
-comfy_memx_leaked_bytes                    gauge      package (holder), loader_package: weights of live leaked models
+comfy_memx_model_bytes                     gauge      model, package, state (loaded/offloaded/built/leaked)
+comfy_memx_leaked_bytes                    gauge      package (holder), loader_package, found_by: live leaked weights
+comfy_memx_leak_found_timestamp_seconds    gauge      package, loader_package, stage, found_by: newest live leak's time
+comfy_memx_free_survivor_models            gauge      package (holder), loader_package: live models a free left alive
+comfy_memx_release_failed_models           gauge      package (holder), outcome: live leaks whose last release failed
 comfy_memx_pinned_bytes                    gauge      -: pinned host memory (ComfyUI's TOTAL_PINNED_MEMORY)
 comfy_memx_pin_cap_bytes                   gauge      source: comfy_memx (the cap in force), comfyui (its own)
 comfy_memx_loads_total                     counter    package
 comfy_memx_load_bytes_total                counter    package
 comfy_memx_unloads_total                   counter    reason, package
 comfy_memx_unload_bytes_total              counter    reason
-comfy_memx_leaks_total                     counter    package (holder), loader_package, stage (once per leaked model)
+comfy_memx_leaks_total                     counter    package (holder), loader_package, stage, found_by (once per model)
 comfy_memx_leak_sightings_total            counter    package (holder), loader_package: later prompts that saw it
 comfy_memx_leak_searches_total             counter    reason (new, holders_changed, deferred)
 comfy_memx_reloads_total                   counter    model, cause_package: reloads charged to an unload's cause
@@ -29,7 +32,7 @@ comfy_memx_models_ram_bytes                gauge      -: RAM held by live models
 comfy_memx_process_rss_bytes               gauge      -: resident memory of the ComfyUI process
 comfy_memx_trim_returned_bytes_total       counter    -: bytes malloc_trim returned after /memx/free
 comfy_memx_last_free_bytes                 gauge      kind: allocator_retained, held_by_models, rss_after, survivors
-comfy_memx_last_free_survivors             gauge      -: models the last free left alive (its receipt's survivors)
+comfy_memx_last_free_survivors             gauge      -: models the last free's receipt listed as survivors
 comfy_memx_last_free_survivor_models       gauge      package (holder), loader_package: the same, by package
 comfy_memx_host_memory_bytes               gauge      -: memory the process may use (RAM, or a lower cgroup limit)
 process_start_time_seconds (and process_*) gauge      -: prometheus_client's process collector (Linux)
@@ -49,16 +52,26 @@ comfy_memx_offload_gbps                    histogram  -: GB/s of unloads that co
 
 Leak counters name two packages: ``package`` is the custom-node package that *holds* the leaked model (the
 event's ``holder_package``, found by the probe in every leak mode and by strict mode's search; ``unknown`` when
-neither found one) and ``loader_package`` the one that loaded it (its owner).
+neither found one) and ``loader_package`` the one that loaded it (its owner); ``found_by`` says how the leak was
+found (``comfyui_warning``, ``after_free``, ``after_unload``; ``no_patcher`` in ``leaked_bytes`` for a live model no
+ModelPatcher refers to that has no leak record yet).
+
+What the alerts page on is read at scrape time from the live leak records, so that a released model, a restart or
+a failed scrape never leaves a stale value behind: ``leak_found_timestamp_seconds`` (when the newest live leak of
+each label set was found: a new rooted leak is one found in the last minutes, and a release ends it),
+``free_survivor_models`` (live leaked models that a free left alive: found after a free, last unloaded by one, or
+leaked before the last free this process saw, ComfyUI's own ``POST /free`` included) and
+``release_failed_models`` (live leaked models whose last release did not give them back).  The counters and
+histograms see every event: the events file's rate limit (``COMFY_MEMX_EVENT_RATE``) drops file lines only.
 
 Label cardinality is capped so that a fleet can afford it: every package-like label (``package``,
 ``loader_package``, ``cause_package``) and the ``model`` label of counters admit the first :data:`MAX_PACKAGES` /
 :data:`MAX_MODELS` values a process sees and fold later ones into ``other``; the per-model gauges show the
 :data:`MAX_MODEL_SERIES` largest models and sum the rest into one ``other`` series per device or state.  Counters
 and histograms export no ``_created`` series (one sample fewer per series; Prometheus does not read them).
-Counters whose label values are known in advance (free origins, unload reasons, search reasons) start at 0 for
-each, so ``rate``/``increase`` see their first event.  The per-model gauges carry no ``model_id`` (a new id per load
-would make new series all day); copies of one model of one package are summed.
+Counters whose label values are known in advance (free origins, unload reasons, search reasons, pin refusals) start
+at 0 for each, so ``rate``/``increase`` see their first event. The per-model gauges carry no ``model_id`` (a new id
+per load would make new series all day); copies of one model of one package are summed.
 
 ``prometheus_client`` is optional (``pip install prometheus_client`` in ComfyUI's environment), imported when metrics are
 installed, never at import of this module.
@@ -66,6 +79,7 @@ installed, never at import of this module.
 
 import logging
 import os
+import time
 
 from comfy_memx._version import __version__
 from comfy_memx.core.errors import MemxError
@@ -84,7 +98,11 @@ MAX_MODEL_SERIES = 25  # models shown one by one in the per-model gauges (larges
 KNOWN_FREE_ORIGINS = ("/memx/free", "idle_unload", "handoff")
 KNOWN_UNLOAD_REASONS = ("unload_all", "free_request", "oom", "memory_pressure", "dropped", "other")
 KNOWN_SEARCH_REASONS = ("new", "holders_changed", "deferred")
+KNOWN_PIN_REFUSALS = ("eviction_failed",)
 OTHER = "other"
+FOUND_BY_WARNING = "comfyui_warning"   # found_by of a leak event that names none (events written before it existed)
+NO_PATCHER = "no_patcher"              # found_by of a leaked row without a leak record (no ModelPatcher refers to it)
+FAILED_RELEASES = ("survivor", "in_use", "changed", "failed", "refused")  # release outcomes that gave nothing back
 CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 UNKNOWN = "unknown"
 
@@ -139,7 +157,8 @@ class Metrics:
         self._pc = pc
         self.packages = LabelCap(MAX_PACKAGES)
         self.models = LabelCap(MAX_MODELS)
-        self.holders = {}  # model_id -> holding package, from leak events (pruned at scrape to live models)
+        self.books = _Books()
+        self.holders = self.books.holders
         self.registry = pc.CollectorRegistry(auto_describe=True)
         counter = self._counter
         self.loads = counter("loads", "Model loads that moved bytes onto a device", ["package"])
@@ -147,7 +166,8 @@ class Metrics:
         self.unloads = counter("unloads", "Model unloads by reason", ["reason", "package"])
         self.unload_bytes = counter("unload_bytes", "Bytes freed on devices by model unloads", ["reason"])
         self.leaks = counter("leaks", "Leaked models (once per model: after ComfyUI's leak warning, a free or an "
-                             "unload), by holding package", ["package", "loader_package", "stage"])
+                             "unload), by holding package and how they were found",
+                             ["package", "loader_package", "stage", "found_by"])
         self.leak_sightings = counter("leak_sightings", "Prompts in which ComfyUI warned again about a known leak",
                                       ["package", "loader_package"])
         self.leak_searches = counter("leak_searches", "Strict holder searches run after leak warnings", ["reason"])
@@ -183,7 +203,7 @@ class Metrics:
                                       buckets=GBPS_BUCKETS, registry=self.registry)
         self.offload_gbps = pc.Histogram(PREFIX + "offload_gbps", "GB/s of model unloads that copied bytes",
                                          buckets=GBPS_BUCKETS, registry=self.registry)
-        self.registry.register(_StateCollector(pc, model_rows, pin_facts, process_facts, self.holders))
+        self.registry.register(_StateCollector(pc, model_rows, pin_facts, process_facts, self.books))
         pc.ProcessCollector(registry=self.registry)
         self._start_known_labels()
 
@@ -197,6 +217,8 @@ class Metrics:
             self.unload_bytes.labels(reason)
         for reason in KNOWN_SEARCH_REASONS:
             self.leak_searches.labels(reason)
+        for reason in KNOWN_PIN_REFUSALS:
+            self.pin_refusals.labels(reason)
 
     def _counter(self, name, documentation, labels):
         return self._pc.Counter(PREFIX + name, documentation, labels, registry=self.registry)
@@ -223,6 +245,8 @@ class Metrics:
 
     def _observe_unload(self, event):
         reason = str(event.get("reason") or "other")
+        if reason == "free_request":   # the worker unloads for a free: ComfyUI's /free, /memx/free, idle, hand-off
+            self.books.saw_free(event.get("time"))
         self.unloads.labels(reason, self.packages(_package(event))).inc()
         self.unload_bytes.labels(reason).inc(max(0, event.get("bytes") or 0))
         if event.get("seconds") is not None:
@@ -233,7 +257,8 @@ class Metrics:
     def _observe_leak(self, event):
         holder = self._holder(event)
         if event.get("reason", "new") == "new":
-            self.leaks.labels(holder, self.packages(_package(event)), str(event.get("stage") or "?")).inc()
+            self.leaks.labels(holder, self.packages(_package(event)), str(event.get("stage") or "?"),
+                              str(event.get("found_by") or FOUND_BY_WARNING)).inc()
         search = event.get("search") or {}
         if "seconds" in search:
             self.leak_searches.labels(str(event.get("reason") or "new")).inc()
@@ -270,6 +295,7 @@ class Metrics:
         return self.holders.get(str(model_id), UNKNOWN) if model_id is not None else UNKNOWN
 
     def _observe_free(self, event):
+        self.books.saw_free(event.get("time"))
         origin = self.packages(_origin(event.get("origin")))
         self.frees.labels(origin).inc()
         self.free_freed_bytes.labels(origin).inc(max(0, event.get("freed_bytes") or 0))
@@ -320,12 +346,35 @@ class _WithoutCreated:
             yield family
 
 
+class _Books:
+    """What the scrape-time leak gauges need beside the ledger: the holding package that leak events named for each
+    model (pruned at scrape to live models) and when this process last saw a free run."""
+
+    def __init__(self):
+        self.holders = {}      # model_id -> holding package, from leak events
+        self.last_free = None  # unix time of the last free this process saw (an unload for one, or a receipt)
+
+    def saw_free(self, when):
+        """A free ran at ``when`` (unix seconds; now when not a number)."""
+        when = float(when) if isinstance(when, (int, float)) else time.time()
+        if self.last_free is None or when > self.last_free:
+            self.last_free = when
+
+    def survived_a_free(self, leak):
+        """Whether a live leak (``leaks.public_state``) outlived a free: found after one, or found before the last
+        free this process saw."""
+        if leak.get("found_by") == "after_free":
+            return True
+        found = leak.get("time")
+        return self.last_free is not None and isinstance(found, (int, float)) and found <= self.last_free
+
+
 class _StateCollector:
     """Scrape-time gauges from the ledger, the patch table and ComfyUI's pinned-memory figures."""
 
-    def __init__(self, pc, model_rows, pin_facts, process_facts, holders):
+    def __init__(self, pc, model_rows, pin_facts, process_facts, books):
         self._pc, self._model_rows, self._pin_facts = pc, model_rows, pin_facts
-        self._process_facts, self._holders = process_facts, holders
+        self._process_facts, self._books = process_facts, books
 
     def describe(self):
         return []
@@ -338,37 +387,31 @@ class _StateCollector:
                           labels=["model", "package", "device"])
         sizes = gauge(PREFIX + "model_bytes", "Weights of one model, wherever they are",
                       labels=["model", "package", "state"])
-        leaked = gauge(PREFIX + "leaked_bytes", "Weights of live leaked models, by holding and loading package",
-                       labels=["package", "loader_package"])
-        totals, loaded_sums, size_sums, leaked_sums = {}, {}, {}, {}
+        totals, loaded_sums, size_sums = {}, {}, {}
         rows = (self._model_rows or readmodel.model_rows)()
         shown = sorted(rows, key=lambda row: row["bytes"], reverse=True)[:MAX_MODEL_SERIES]
         shown_ids = {id(row) for row in shown}
         for row in rows:
-            package = str(row["owner"].get("package") or "?")
+            package = _loader_package(row)
             device = str(row["load_device"])
             totals[device] = totals.get(device, 0) + row["loaded_bytes"]
             named = (str(row["model"]), package) if id(row) in shown_ids else (OTHER, OTHER)
             _add(loaded_sums, (*named, device), row["loaded_bytes"])
             _add(size_sums, (*named, str(row["state"])), row["bytes"])
-            if row["state"] == "leaked":
-                key = (self._holder_of(row), package)
-                leaked_sums[key] = leaked_sums.get(key, 0) + row["bytes"]
         for labels, nbytes in sorted(loaded_sums.items()):
             per_model.add_metric(list(labels), nbytes)
         for labels, nbytes in sorted(size_sums.items()):
             sizes.add_metric(list(labels), nbytes)
         for device, nbytes in sorted(totals.items()):
             per_device.add_metric([device], nbytes)
-        for labels, nbytes in sorted(leaked_sums.items()):
-            leaked.add_metric(list(labels), nbytes)
-        live = {str(row["model_id"]) for row in rows}
-        for model_id in [model_id for model_id in list(self._holders) if model_id not in live]:
-            self._holders.pop(model_id, None)
         yield per_device
         yield per_model
         yield sizes
-        yield leaked
+        yield from self._leaks(gauge, [row for row in rows if row["state"] == "leaked"])
+        live = {str(row["model_id"]) for row in rows}
+        holders = self._books.holders
+        for model_id in [model_id for model_id in list(holders) if model_id not in live]:
+            holders.pop(model_id, None)
         held = gauge(PREFIX + "models_ram_bytes", "RAM that live models hold (their CPU-resident weights)")
         held.add_metric([], retention.held_bytes(rows))
         yield held
@@ -377,6 +420,46 @@ class _StateCollector:
             process = gauge(PREFIX + "process_rss_bytes", "Resident memory of the ComfyUI process")
             process.add_metric([], rss)
             yield process
+        yield from self._pins(gauge)
+        yield from _host_memory(gauge)
+
+    def _leaks(self, gauge, rows):
+        """The gauges of live leaked models (``rows``: their /memx/models rows): bytes, when the newest of each kind
+        was found, the ones a free left alive, and the ones a release did not give back."""
+        sums = {"bytes": {}, "found": {}, "survivors": {}, "failed": {}}
+        for row in rows:
+            leak = row.get("leak") or {}
+            holder, loader = self._holder_of(row), str(row["owner"].get("package") or "?")
+            found_by = str(leak.get("found_by") or (FOUND_BY_WARNING if leak else NO_PATCHER))
+            _add(sums["bytes"], (holder, loader, found_by), row["bytes"])
+            if not leak:
+                continue
+            if isinstance(leak.get("time"), (int, float)):
+                key = (holder, loader, str(leak.get("stage") or "?"), found_by)
+                sums["found"][key] = max(sums["found"].get(key, 0), leak["time"])
+            if self._books.survived_a_free(leak):
+                _add(sums["survivors"], (holder, loader), 1)
+            outcome = (row.get("release") or {}).get("last")
+            if outcome in FAILED_RELEASES:
+                _add(sums["failed"], (holder, str(outcome)), 1)
+        families = (
+            ("bytes", gauge(PREFIX + "leaked_bytes", "Weights of live leaked models, by holding and loading package "
+                            "and how the leak was found", labels=["package", "loader_package", "found_by"])),
+            ("found", gauge(PREFIX + "leak_found_timestamp_seconds", "When the newest live leaked model of each "
+                            "holding and loading package, stage and way of finding was found (unix seconds)",
+                            labels=["package", "loader_package", "stage", "found_by"])),
+            ("survivors", gauge(PREFIX + "free_survivor_models", "Live leaked models that a free left alive (any "
+                                "free: ComfyUI's own /free, /memx/free, idle unload, hand-off), by holding and "
+                                "loading package", labels=["package", "loader_package"])),
+            ("failed", gauge(PREFIX + "release_failed_models", "Live leaked models whose last release gave nothing "
+                             "back, by holding package and the release's outcome", labels=["package", "outcome"])),
+        )
+        for name, family in families:
+            for labels, value in sorted(sums[name].items()):
+                family.add_metric(list(labels), value)
+            yield family
+
+    def _pins(self, gauge):
         facts = (self._pin_facts or readmodel.pin_facts)()
         pinned = gauge(PREFIX + "pinned_bytes", "Pinned (page-locked) host memory")
         pinned.add_metric([], facts.get("pinned_bytes") or 0)
@@ -387,11 +470,10 @@ class _StateCollector:
         if facts.get("comfyui_cap_bytes") is not None:
             cap.add_metric(["comfyui"], facts["comfyui_cap_bytes"])
         yield cap
-        yield from _host_memory(gauge)
 
     def _holder_of(self, row):
         leak = row.get("leak") or {}
-        return str(leak.get("holder_package") or self._holders.get(str(row["model_id"])) or UNKNOWN)
+        return str(leak.get("holder_package") or self._books.holders.get(str(row["model_id"])) or UNKNOWN)
 
     def _process(self):
         gauge = self._pc.core.GaugeMetricFamily
@@ -416,6 +498,12 @@ class _StateCollector:
             sites.add_metric([state], number)
         yield sites
         yield skipped
+
+
+def _loader_package(row):
+    """The package a ``/memx/models`` row is charged to: the one that loaded it, else the one that built it (a model
+    no sampler loaded yet), else ``?``."""
+    return str(row["owner"].get("package") or (row.get("created_by") or {}).get("package") or "?")
 
 
 def _add(sums, key, nbytes):

@@ -5,7 +5,11 @@ As a node pack, ComfyUI serves the pack's ``WEB_DIRECTORY`` itself.  Activated b
 ``PromptServer`` reads in ``add_routes`` to serve ``/extensions/<name>/`` and in ``GET /extensions`` to list the
 scripts the frontend imports), unless a folder holding :data:`MARKER` is there already: the panel is never loaded
 twice.  ``/memx/`` is a page of its own that runs the same script for headless servers and older frontends; its
-files come from ``/memx/web/<file>`` (only the files of :data:`PAGE_FILES`).  Reads only, open like ComfyUI's.
+files come from ``/memx/web/<file>`` (only the files of :data:`PAGE_FILES`: the panel's ES modules, every ``.js`` of
+the folder but the sidebar entry :data:`MARKER`, which imports ComfyUI's own scripts).  The modules import each
+other by relative paths (``./memx_dom.js``), so they resolve under ``/extensions/<name>/`` in ComfyUI and under
+``/memx/web/`` on the page alike; ComfyUI imports every ``.js`` of an extension folder, so each module only exports
+and the sidebar tab is added by :data:`MARKER` alone.  Reads only, open like ComfyUI's.
 """
 
 import logging
@@ -17,7 +21,8 @@ log = logging.getLogger("comfy_memx")
 WEB_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "web")
 MARKER = "memx_panel.js"
 EXTENSION_NAME = "comfy_memx"
-PAGE_FILES = {"memx_core.js": "text/javascript"}
+PAGE_FILES = {name: "text/javascript" for name in sorted(os.listdir(WEB_DIR))
+              if name.endswith(".js") and name != MARKER} if os.path.isdir(WEB_DIR) else {}
 PAGE = "page.html"
 
 

@@ -12,15 +12,17 @@ from comfy_memx.core.state import STATE
 from comfy_memx.leaks import api as leaks
 from comfy_memx.ledger import api as ledger
 from comfy_memx.pins import api as pins
-from comfy_memx.surface import gate
 
 
 def model_rows(model_management=None):
     """One dict per live model in the ledger: identity, bytes by device, pinned bytes, owner, times, leak state.
 
-    ``state`` is ``loaded`` (weights on the load device), ``offloaded`` (a ModelPatcher still refers to it) or
-    ``leaked`` (a leak record exists: ComfyUI warned about it, or ``leaks.unwarned`` found it held after a free
-    or an unload; or no ModelPatcher refers to it any more).  Attribute reads only.
+    ``state`` is ``loaded`` (weights on the load device), ``offloaded`` (a ModelPatcher still refers to it),
+    ``built`` (ComfyUI built it and never loaded it: a loader's output that no sampler used yet) or ``leaked`` (a
+    leak record exists: ComfyUI warned about it, or ``leaks.unwarned`` found it held after a free or an unload, and
+    ComfyUI does not use it again now: a leaked model that a running prompt loaded again shows
+    ``loaded``/``offloaded`` and no possible release while that prompt runs; or no ModelPatcher refers to it any
+    more).  ``created_by`` is who built it (the owner's keys; null when unknown).  Attribute reads only.
     """
     mm = model_management if model_management is not None else sys.modules.get("comfy.model_management")
     listed = listed_modules(mm)
@@ -71,25 +73,36 @@ def _row(record, module, mm, listed):
     for device, nbytes in ((load_device, loaded), (offload_device, size - loaded)):
         if nbytes > 0:
             by_device[device] = by_device.get(device, 0) + nbytes
-    if record.leak is not None or patcher is None:
+    busy = leaks.in_comfyui_use(record, module, mm) if record.leak is not None else None
+    if (record.leak is not None and busy is None) or patcher is None:
         state = "leaked"
+    elif loaded > 0:   # a leak that a running prompt loaded again is in use while that prompt runs
+        state = "loaded"
     else:
-        state = "loaded" if loaded > 0 else "offloaded"
+        state = "offloaded" if record.loads or record.unloads or id(module) in listed else "built"
     last = record.unloads[-1] if record.unloads else None
     return {"model": record.model, "model_id": record.model_id, "state": state, "bytes": size,
             "loaded_bytes": loaded, "load_device": load_device, "bytes_by_device": by_device,
             "pinned_bytes": _pinned_bytes(record, patcher, mm), "owner": record.owner._asdict(),
-            "loaded_at": record.loaded_at, "last_used": record.last_used, "loads": record.loads,
-            "unloads": len(record.unloads),
+            "created_by": created_by(record), "created_at": record.created_at, "loaded_at": record.loaded_at,
+            "last_used": record.last_used, "loads": record.loads, "unloads": len(record.unloads),
             "last_unload": {k: last.get(k) for k in ("reason", "requested_by", "bytes", "time")} if last else None,
             **ledger.reload_view(record),
             "in_comfyui_loaded_list": id(module) in listed, "leak": leaks.public_state(record.leak),
-            "searched": gate.gate().last_search(record), "release": release_view(record)}
+            "searched": leaks.search_gate().last_search(record), "release": release_view(record, busy)}
 
 
-def release_view(record):
+def created_by(record):
+    """Who built ``record``'s model (``prompt_id``, ``node_id``, ``class_type``, ``package``, ``via``), or None when
+    comfy_memx did not see it built (activated later, or the ``model_patcher`` patch is off)."""
+    owner = record.created_by
+    return owner._asdict() if owner is not None else None
+
+
+def release_view(record, busy=None):
     """What a release of this model would do (``leaks.release``): None for a model that is not a rooted leak, else
-    ``{"policy", "possible", "why", "path", "last"}`` (``last``: the outcome of the last release tried, or None)."""
+    ``{"policy", "possible", "why", "path", "last"}`` (``last``: the outcome of the last release tried, or None).
+    ``busy`` says why ComfyUI uses the model now (``in_use``): no release is possible while it does."""
     leak = record.leak
     if leak is None or leak.get("stage") != "rooted":
         return None
@@ -97,7 +110,21 @@ def release_view(record):
     policy = STATE.config.release
     if policy == "off":
         view.update(possible=False, why="release is off (COMFY_MEMX_RELEASE=off; ask or auto turn it on)")
+    elif busy is not None:
+        view.update(possible=False, why=f"in use: {busy}")
     return {"policy": policy, **view, "last": leak.get("release")}
+
+
+def in_use(record, mm):
+    """Why ComfyUI uses ``record``'s model now (a sentence: its loaded list holds it with a live ModelPatcher, or a
+    running prompt loaded it, again), or None; such a model is neither leaked nor releasable while it does."""
+    module = record.module_ref()
+    if module is None:
+        return None
+    try:
+        return leaks.in_comfyui_use(record, module, mm)
+    finally:
+        del module
 
 
 def _parameter_device(module):

@@ -1,9 +1,11 @@
 """The memory panel's timeline: a bounded history of each model's loaded bytes since the server started.
 
 A fixed-size ring (:data:`CAPACITY` entries, the oldest dropped first and counted) of the ``load``, ``unload``,
-``leak``, ``leak_seen`` and ``free`` events that ``STATE.events`` emits anyway (a leak once per model and stage,
-not at every sighting); :meth:`Timeline.observe` is O(1) per event (one append, bounded dict updates), keeps models
-by ``model_id`` and name only, and runs no timer or thread.  ``GET /memx/timeline`` reads it
+``leak``, ``leak_seen``, ``release`` and ``free`` events that ``STATE.events`` emits anyway (a leak once per model
+and stage, not at every sighting; a release only when something was cut, one entry per model the cut entry held, its
+``loaded_bytes`` 0 once the model is gone, so that the model's lane ends there); :meth:`Timeline.observe` is O(1)
+per event (one append per model, bounded dict updates), keeps models by ``model_id`` and name only, and runs no
+timer or thread.  ``GET /memx/timeline`` reads it
 (``surface.routes``); with no browser open nobody reads it.
 
 No lock: an event may be emitted from a garbage-collection callback while another is being observed on the same
@@ -19,7 +21,10 @@ from comfy_memx.core.state import STATE
 
 CAPACITY = 4096          # entries in the ring
 KNOWN_MODELS = 512       # models whose last loaded bytes are remembered (to place an unload's line)
-MARKED = {"load": "load", "unload": "unload", "leak": "leak", "leak_seen": "leak", "free": "free"}
+MARKED = {"load": "load", "unload": "unload", "leak": "leak", "leak_seen": "leak", "release": "release",
+          "free": "free"}
+CUT = ("released", "survivor")   # release outcomes after which an entry was cut (the others changed nothing)
+MODELS_PER_RELEASE = 16          # models of one release entry drawn (a cut entry rarely holds more than two)
 COPY_TRIES = 5
 
 
@@ -43,9 +48,12 @@ class Timeline:
         kind = MARKED.get(event.get("event"))
         if kind is None:
             return
+        if kind == "release":
+            for entry in self._released(event):
+                self._append(entry)
+            return
         model_id = event.get("model_id")
-        entry = {"seq": next(self._numbers), "time": event.get("time"), "kind": kind, "model_id": model_id,
-                 "model": event.get("model")}
+        entry = {"time": event.get("time"), "kind": kind, "model_id": model_id, "model": event.get("model")}
         if kind == "load":
             entry["bytes"] = event.get("bytes")
             entry["loaded_bytes"] = self._remember(model_id, int(event.get("loaded_bytes") or 0))
@@ -68,8 +76,34 @@ class Timeline:
             entry["loaded_bytes"] = self._loaded.get(model_id)
         else:
             entry["status"] = event.get("status")
+        self._append(entry)
+
+    def _append(self, entry):
+        entry["seq"] = next(self._numbers)
         self._ring.append(entry)
         self.seen += 1
+
+    def _released(self, event):
+        """The entries of one ``release`` event: none when nothing was cut, else one per model the cut entry held
+        (``models`` when the receipt lists them, else its one ``model_id``)."""
+        if event.get("outcome") not in CUT:
+            return []
+        models = event.get("models")
+        if not isinstance(models, list) or not models:
+            models = [{"model": event.get("model"), "model_id": event.get("model_id"), "bytes": event.get("bytes"),
+                       "died": event.get("died")}]
+        common = {"time": event.get("time"), "kind": "release", "trigger": event.get("trigger"),
+                  "outcome": event.get("outcome"), "package": event.get("package"),
+                  "cut": event.get("cut") or event.get("path")}
+        entries = []
+        for model in models[:MODELS_PER_RELEASE]:
+            if not isinstance(model, dict):
+                continue
+            model_id, died = model.get("model_id"), bool(model.get("died"))
+            loaded = self._remember(model_id, 0) if died else self._loaded.get(model_id)
+            entries.append({**common, "model_id": model_id, "model": model.get("model"), "bytes": model.get("bytes"),
+                            "died": died, "loaded_bytes": loaded})
+        return entries
 
     def _remember(self, model_id, loaded):
         if model_id is not None:

@@ -1,10 +1,11 @@
 """Import a fake ComfyUI shape as if its directory were the ComfyUI root, and build simulated models.
 
-Each shape is a directory with the real top-level module names (``comfy``, ``execution``, ``nodes``, ...): 0.3.64
-is ``v0_3_64`` here, 0.27.0 is the demo's world that ships in comfy_memx (``comfy_memx/cli/demo_world``, taken from
-the comfy_memx this process imports, so a wheel install runs its own copy).  Two shapes cannot live in one process
-at the same time: every switch purges the previous one from ``sys.modules``.  Nothing here imports torch or comfy
-at import time.
+Every shape runs the same base, the demo's world that ships in comfy_memx (``comfy_memx/cli/demo_world``, taken from
+the comfy_memx this process imports, so a wheel install runs its own copy), with the real top-level module names
+(``comfy``, ``execution``, ``nodes``, ...).  A shape's folder, first on ``sys.path`` and the base after it, holds its
+``comfyui_version.py``, ``main.py`` and ``version_layer/`` (what that version does differently): 0.27.0's folder is
+the base itself, 0.3.64's is ``v0_3_64`` here.  Two shapes cannot live in one process at the same time: every switch
+purges the previous one from ``sys.modules``.  Nothing here imports torch or comfy at import time.
 """
 import importlib
 import importlib.util
@@ -12,20 +13,27 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEMO_WORLD = importlib.util.find_spec("comfy_memx.cli.demo_world").submodule_search_locations[0]
-SHAPES = {"0.3.64": os.path.join(HERE, "v0_3_64"), "0.27.0": os.path.abspath(DEMO_WORLD)}
+BASE = os.path.abspath(importlib.util.find_spec("comfy_memx.cli.demo_world").submodule_search_locations[0])
+SHAPES = {"0.3.64": os.path.join(HERE, "v0_3_64"), "0.27.0": BASE}
 PACKS_DIR = os.path.join(HERE, "packs")
 _TOP_LEVEL = ("comfy", "comfy_execution", "execution", "nodes", "comfyui_version", "main", "folder_paths",
-              "hook_breaker_ac10a0", "server")
+              "hook_breaker_ac10a0", "server", "stand_in_version")
 
 
 def shape_root(version):
-    """The directory of a shape, for ``sys.path[0]`` or for running its main.py in a subprocess."""
+    """The folder of a shape (its main.py and comfyui_version.py), for running its main.py in a subprocess or
+    reading its version; to import it, put :func:`shape_paths` first on ``sys.path``."""
     return SHAPES[version]
 
 
+def shape_paths(version):
+    """The ``sys.path`` entries that make the shape importable, in order: its folder, then the base."""
+    return list(dict.fromkeys([SHAPES[version], BASE]))
+
+
 def purge_fake_comfy():
-    """Forget every module of every shape (and custom-node packs they loaded) so the next import is fresh.
+    """Forget every module of every shape (and custom-node packs they loaded, with the folders those put on
+    ``sys.path``) so the next import is fresh.
 
     comfy_memx's own modules stay, though the 0.27.0 shape's folder is a package of comfy_memx too."""
     roots = tuple(os.path.join(root, "") for root in SHAPES.values()) + (os.path.join(PACKS_DIR, ""),)
@@ -34,7 +42,8 @@ def purge_fake_comfy():
         path = getattr(module, "__file__", None) or ""
         if top in _TOP_LEVEL or (top != "comfy_memx" and os.path.abspath(path).startswith(roots)):
             del sys.modules[name]
-    sys.path[:] = [p for p in sys.path if p not in SHAPES.values()]
+    # the shapes, and the folders packs put on sys.path to import their modules under top-level names
+    sys.path[:] = [p for p in sys.path if p not in SHAPES.values() and not str(p).startswith(roots[-1])]
 
 
 def use_fake_comfy(version):
@@ -44,7 +53,7 @@ def use_fake_comfy(version):
     """
     purge_fake_comfy()
     importlib.invalidate_caches()
-    sys.path.insert(0, SHAPES[version])
+    sys.path[:0] = shape_paths(version)
     return importlib.import_module("comfy.model_management")
 
 

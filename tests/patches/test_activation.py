@@ -34,8 +34,20 @@ def test_launcher_runs_the_stand_in_main_with_its_flags(version):
     log = out.stdout + out.stderr
     assert "Set vram state to: DISABLED" in log            # ComfyUI's --cpu was honoured
     assert "Torch already imported" not in log
-    assert f"comfy_memx {__version__} active (launcher, leak mode strict): patched load_models_gpu" in log
+    assert f"comfy_memx {__version__} active (launcher, leak mode strict, release off): patched load_models_gpu" in log
     assert log.count(f"comfy_memx {__version__} active") == 1
+
+
+@pytest.mark.parametrize("args,env,said", [
+    (["--release", "auto", "--release-packages", "my_unet_pack,memx_style_mixer"], {},
+     "release auto for my_unet_pack, memx_style_mixer"),
+    ([], {"COMFY_MEMX_RELEASE": "auto", "COMFY_MEMX_RELEASE_PACKAGES": "*"}, "release auto for every pack"),
+    (["--release", "ask"], {}, "release ask")])
+def test_the_startup_line_says_the_release_setting_and_its_packages(args, env, said):
+    main = os.path.join(shape_root("0.27.0"), "main.py")
+    out = run([sys.executable, "-m", "comfy_memx", *args, main, "--cpu", "--quick-test-for-ci"], **env)
+    assert out.returncode == 0, out.stderr
+    assert f"comfy_memx {__version__} active (launcher, leak mode report, {said}): patched" in out.stdout + out.stderr
 
 
 def test_comfyui_rejects_its_own_bad_flag_not_ours():
@@ -48,7 +60,7 @@ def test_comfyui_rejects_its_own_bad_flag_not_ours():
 def test_env_flag_activates_with_the_normal_start_command(version):
     main = os.path.join(shape_root(version), "main.py")
     on = run([sys.executable, main, "--cpu", "--quick-test-for-ci"], COMFY_MEMX="1")
-    assert on.returncode == 0 and f"comfy_memx {__version__} active (env, leak mode report)" in on.stdout + on.stderr
+    assert on.returncode == 0 and f"comfy_memx {__version__} active (env, leak mode report, release off)" in on.stdout + on.stderr
     off = run([sys.executable, main, "--cpu", "--quick-test-for-ci"], COMFY_MEMX="0")
     assert off.returncode == 0 and "comfy_memx" not in off.stdout + off.stderr
 

@@ -15,7 +15,8 @@ import pytest
 
 from comfy_memx.core.state import STATE
 from comfy_memx.routekit import access
-from comfy_memx.surface import gate, readmodel, routes
+from comfy_memx.leaks import gate
+from comfy_memx.surface import readmodel, routes
 from memx_helpers import mode_of, umask
 from test_routes import leaky, serve
 
@@ -667,3 +668,91 @@ def test_concurrent_frees_do_not_queue_behind_a_running_search(tmp_path, monkeyp
     for status, receipt, _ in frees:
         assert status == 200 and receipt["survivors"]
         assert all(s["search"]["note"] == "not searched: busy" for s in receipt["survivors"])
+
+
+ELSEWHERE_PACK = '''
+"""A pack that keeps each model it loads in a list of a module outside custom_nodes/, where only the strict backward
+search finds it (the forward probe walks the packs' own modules)."""
+import sys
+import types
+
+import comfy.model_base
+import comfy.model_management
+import comfy.model_patcher
+
+KEPT = sys.modules.setdefault("memx_kept_elsewhere", types.ModuleType("memx_kept_elsewhere"))
+KEPT.__dict__.setdefault("HELD", [])
+
+
+class ElsewhereLoader:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"name": ("STRING", {"default": "m"})}}
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "load"
+
+    def load(self, name):
+        module = comfy.model_base.BaseModel(4, 1024)
+        KEPT.HELD.append([[[[[[module]]]]]])   # six containers deep: a heap scan per level
+        mm = comfy.model_management
+        patcher = comfy.model_patcher.ModelPatcher(module, load_device=mm.get_torch_device(),
+                                                   offload_device=mm.unet_offload_device())
+        mm.load_models_gpu([patcher])
+        return (patcher,)
+
+
+NODE_CLASS_MAPPINGS = {"ElsewhereLoader": ElsewhereLoader}
+'''
+
+
+def test_twenty_anonymous_frees_search_no_more_than_the_search_cpu_budget(tmp_path, monkeypatch):
+    """Each remote free without the token leaves a model a pack keeps where only a strict search finds it: the
+    searches that free causes (the never-warned check after its collection) run outside any prompt, so the search
+    gate pays for them, and all of them together stay within COMFY_MEMX_SEARCH_CPU by the gate's own books."""
+    import sys
+    import time
+    from comfy_memx.leaks import holders
+    from comfy_memx.ledger import api as ledger
+    outside = []   # CPU seconds of every holder search that ran outside a prompt
+    real = holders.find_holders
+
+    def measured(*args, **kwargs):
+        before = time.thread_time()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            if ledger.current_prompt_id() is None:
+                outside.append(time.thread_time() - before)
+    monkeypatch.setattr(holders, "find_holders", measured)
+    search_cpu, leak_budget = 0.3, 0.1         # a bucket of 0.1 s, refilled at 0.005 s per second
+
+    async def scenario(comfy):
+        import nodes
+        folder = tmp_path / "custom_nodes" / "elsewhere_pack"
+        folder.mkdir(parents=True)
+        (folder / "__init__.py").write_text(ELSEWHERE_PACK)
+        assert await nodes.load_custom_node(str(folder)) is not False
+        ballast = [[] for _ in range(250_000)]   # a heap like a busy server's: each heap scan of a search costs
+        searches = gate.gate()
+        start = time.monotonic()
+        answers = []
+        for i in range(20):
+            await comfy.run({"1": {"class_type": "ElsewhereLoader", "inputs": {"name": f"m{i}"}},
+                             "2": {"class_type": "LeakySampler", "inputs": {"model": ["1", 0]}}})
+            answers.append((await post(comfy, "/memx/free", REMOTE, json=routes.FREE_ALL))[:2])
+        del ballast
+        return answers, dict(searches.counters), time.monotonic() - start
+
+    try:
+        answers, counters, elapsed = serve("0.27.0", tmp_path, scenario, leak_mode="strict", search_cpu=search_cpu,
+                                           leak_budget=leak_budget)
+    finally:
+        sys.modules.pop("memx_kept_elsewhere", None)
+    assert all(status == 200 and receipt["status"] == "done" for status, receipt in answers)
+    assert all(s["search"] == {"note": routes.NOT_SEARCHED} for _, r in answers for s in r["survivors"])
+    allowed = leak_budget + search_cpu / 60.0 * elapsed
+    counted = counters.get("cpu_seconds", 0.0)
+    assert outside and sum(outside) <= counted + 0.005, (sum(outside), counters)   # all of it in the gate's books
+    assert counters.get("refused_budget", 0) > 0                                  # the budget stopped the rest
+    assert counted <= allowed + leak_budget, (counters, elapsed)                  # one search may overrun

@@ -2,6 +2,7 @@
 import asyncio
 import gc
 import inspect
+import json
 import logging
 import os
 import subprocess
@@ -319,7 +320,7 @@ def test_module_pins_count_towards_total(fake_comfy_0270):
 def fresh_shape(version):
     """Purge every shape and put ``version`` on sys.path without importing anything from it."""
     fc.purge_fake_comfy()
-    sys.path.insert(0, fc.shape_root(version))
+    sys.path[:0] = fc.shape_paths(version)
 
 
 @pytest.mark.parametrize("version", ["0.3.64", "0.27.0"])
@@ -543,3 +544,34 @@ def test_main_quick_test_for_ci_exits_0(main_runs, version):
     assert f"ComfyUI version: {version}" in out and "Set vram state to: DISABLED" in out
     assert "Torch already imported" not in out
     assert "Trying to load custom node" in out and "leaky_pack" in out
+
+
+# --- one base, a version layer per version ---------------------------------------------------------------
+
+STAND_IN_MODULES = ("main", "comfyui_version", "comfy", "comfy.options", "comfy.cli_args", "comfy.model_management",
+                    "comfy.model_patcher", "comfy.model_base", "comfy.utils", "comfy_execution.utils", "execution",
+                    "nodes", "server", "folder_paths", "hook_breaker_ac10a0", "stand_in_version")
+
+
+def test_the_0_3_64_shape_is_the_base_with_its_own_version_layer(tmp_path):
+    """0.3.64 keeps no copy of the base: imported as ComfyUI, every module but its main.py and comfyui_version.py
+    is the base's, and what 0.3.64 does differently comes from its version layer (one file per base module)."""
+    root, base = fc.shape_root("0.3.64"), fc.BASE
+    code = ("import importlib, json, sys; [importlib.import_module(name) for name in %r]; "
+            "mm = sys.modules['comfy.model_management']; "
+            "print(json.dumps({'files': {name: sys.modules[name].__file__ for name in %r}, "
+            "'free_memory': mm.free_memory.__code__.co_filename, 'pins': hasattr(mm, 'pin_memory')}))"
+            % (STAND_IN_MODULES, STAND_IN_MODULES))
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(fc.shape_paths("0.3.64") + sys.path)})
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.splitlines()[-1])
+
+    own = {name: path for name, path in found["files"].items() if not path.startswith(base + os.sep)}
+    assert own == {"main": os.path.join(root, "main.py"), "comfyui_version": os.path.join(root, "comfyui_version.py")}
+    assert found["free_memory"] == os.path.join(root, "version_layer", "comfy", "model_management.py")
+    assert found["pins"] is False
+    layer = os.path.join(root, "version_layer")
+    parts = {os.path.relpath(os.path.join(folder, name), layer)
+             for folder, _, names in os.walk(layer) if "__pycache__" not in folder for name in names}
+    assert parts and all(os.path.isfile(os.path.join(base, part)) for part in parts), parts

@@ -1,7 +1,8 @@
 """Fault injection: a bug in any of comfy_memx's subscribers never changes what ComfyUI's functions do.
 
 On the stand-ins, one scenario drives every patched site (a prompt with a load, node runs and ComfyUI's garbage
-pass, a free flag set and served, the worker's unload and cache reset, a checkpoint file load, the server's routes).
+pass, a free flag set and served, the worker's unload and cache reset, a checkpoint file load, the server's routes,
+ComfyUI's checkpoint loader building a model, a CLIP and a VAE, and a clone).
 Then, for every subscriber of every signal in turn, the same scenario runs with that subscriber replaced by one that
 raises, under the production error policy: every ComfyUI call answers exactly as it does without comfy_memx, and
 the fault is logged exactly once (and no other internal error is).  A ``MemoryError``, a ``RecursionError`` and a
@@ -66,9 +67,24 @@ def scenario(version, tmp_path):
         path = tmp_path / "weights.pt"
         torch.save({"w": torch.zeros(3)}, path)
         answers.append(sorted(comfy.utils.load_torch_file(str(path))))
+        answers.append(checkpoint_built(tmp_path))
     finally:
         loop.close()
     return answers
+
+
+def checkpoint_built(tmp_path):
+    """ComfyUI's checkpoint loader builds a model, a CLIP and a VAE (each a new ModelPatcher); a CLIP clone builds a
+    patcher around the same module.  Returns what they answered."""
+    import comfy.sd
+    import torch
+    path = tmp_path / "checkpoint.pt"
+    torch.save({"model.diffusion_model.w": torch.ones(8), "cond_stage_model.w": torch.ones(4),
+                "first_stage_model.w": torch.ones(2)}, path)
+    model, clip, vae, vision = comfy.sd.load_checkpoint_guess_config(str(path))
+    clone = clip.clone()
+    return (model.model_size(), clone.cond_stage_model is clip.cond_stage_model, clone.patcher.model_size(),
+            vae.patcher.model_size(), vision)
 
 
 def run(version, tmp_path, environ=None):

@@ -39,8 +39,9 @@ def test_the_startup_line_says_late_and_names_the_module_holding_the_unwrapped_f
     mm, binder = late
     assert binder.load_models_gpu is not mm.load_models_gpu      # the patch reached the module, not the binder
     line = registry.startup_line("0", STATE.source, "report")
-    assert "active (node pack, leak mode report)" in line
-    assert "late activation (comfy.model_management, execution, server imported before comfy_memx)" in line
+    assert "active (node pack, leak mode report, release off)" in line
+    assert ("late activation (comfy.model_management, comfy.model_patcher, comfy.utils, execution, server imported "
+            "before comfy_memx)") in line   # the stand-in's nodes.py imports comfy.sd, as ComfyUI's does
     assert ("load_models_gpu held by custom node memx_early_binder_pack (memx_early_binder_pack.nodes)" in line)
 
 

@@ -1,6 +1,6 @@
 """The memory panel's routes on the stand-in PromptServer, through the server patch: GET /memx/timeline (what the
 prompts did, incremental reads, a bad ``since``), the timeline keeping no model alive, the standalone page and its
-files, and comfy_memx's web folder in ComfyUI's extension folders exactly once."""
+files, the runbook page of the alerts, and comfy_memx's web folder in ComfyUI's extension folders exactly once."""
 
 import gc
 import os
@@ -109,3 +109,41 @@ def test_add_extension_dir_without_comfyui_nodes_or_with_the_name_taken(tmp_path
     elsewhere = types.SimpleNamespace(EXTENSION_WEB_DIRS={"custom_memx": str(copy)})
     assert panel.add_extension_dir(elsewhere) == "custom_memx" and len(elsewhere.EXTENSION_WEB_DIRS) == 1
     assert os.path.isfile(os.path.join(panel.WEB_DIR, "memx_core.js"))
+
+
+def test_every_module_the_panel_imports_is_served_on_the_page_and_only_the_sidebar_entry_touches_comfyui(tmp_path):
+    """The panel is a folder of ES modules that import each other by relative paths: each one the page needs is
+    served under /memx/web/ (and, as ComfyUI imports every .js of the folder, only memx_panel.js imports ComfyUI's
+    scripts and registers anything)."""
+    import re
+    sources = {name: open(os.path.join(panel.WEB_DIR, name), encoding="utf-8").read()
+               for name in os.listdir(panel.WEB_DIR) if name.endswith(".js")}
+    imported = {target for text in sources.values() for target in re.findall(r'from "\./([\w.]+)"', text)}
+    assert imported and imported <= set(panel.PAGE_FILES) and "memx_panel.js" not in panel.PAGE_FILES
+    assert set(panel.PAGE_FILES) == set(sources) - {"memx_panel.js"}
+    for name, text in sources.items():
+        touches = "../../scripts/" in text or "registerExtension" in text
+        assert touches == (name == "memx_panel.js"), name
+
+    async def scenario(comfy):
+        answers = {}
+        for name in sorted(panel.PAGE_FILES):
+            response = await comfy.client.get(f"/memx/web/{name}")
+            answers[name] = (response.status, response.content_type)
+        return answers
+
+    answers = serve("0.27.0", tmp_path, scenario)
+    assert answers == {name: (200, "text/javascript") for name in panel.PAGE_FILES}
+
+
+def test_the_runbook_page_every_alert_links_to_is_served_with_a_heading_per_alert(tmp_path):
+    from fleet_queries import alert_names
+
+    async def scenario(comfy):
+        response = await comfy.client.get("/memx/runbooks")
+        return response.status, response.content_type, await response.text()
+
+    status, kind, page = serve("0.27.0", tmp_path, scenario)
+    assert status == 200 and kind == "text/html"
+    for name in alert_names():
+        assert f'<h2 id="{name.lower()}">{name}</h2>' in page, name

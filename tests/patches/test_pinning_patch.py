@@ -27,7 +27,7 @@ from comfy_memx.core import errors, registry
 from comfy_memx.core.state import STATE
 from comfy_memx.core import wrapping
 from comfy_memx.core.bootstrap import bootstrap
-from fake_comfy.loader import make_patcher, purge_fake_comfy, shape_root
+from fake_comfy.loader import make_patcher, purge_fake_comfy, shape_paths, shape_root
 from memx_helpers import memx_on, read_events
 
 MiB = 1024 ** 2
@@ -84,7 +84,7 @@ def memx_with_argv(version, argv, **settings):
     saved_argv = sys.argv
     purge_fake_comfy()
     importlib.invalidate_caches()
-    sys.path.insert(0, shape_root(version))
+    sys.path[:0] = shape_paths(version)
     sys.argv = ["main.py", *argv]
     try:
         importlib.import_module("comfy.options").enable_args_parsing()

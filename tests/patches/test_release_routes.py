@@ -111,26 +111,30 @@ def test_free_with_release_cuts_the_survivors_and_the_cli_says_so(version, tmp_p
         return await comfy.free({"unload_models": True, "free_memory": True, "release": True})
 
     status, receipt = serve(version, tmp_path, scenario, release="ask")
-    assert status == 200 and [s["model_id"] for s in receipt["survivors"]] != []
+    assert status == 200 and receipt["survivors"] == [] and receipt["survivor_bytes"] == 0   # released: not left
     [released] = receipt["releases"]
     assert released["outcome"] == "released" and released["trigger"] == "free" and released["died"] is True
-    assert receipt["release_bytes"] == released["bytes"] > 0
+    assert receipt["release_bytes"] == released["bytes"] > 0 and receipt["release_state"] == "done"
     assert receipt["memory"]["held_bytes"] == 0   # read after the release: nothing of it is still counted
     text = "\n".join(free_cli.format_receipt(receipt))
     assert f"released {released['model_id']} (" in text and "LeakyLoader._cache['qwen_2512']" in text
-    assert "released 1 leaked model(s): " in text
+    assert "released 1 of 1 survivor(s) with a known holder: " in text and "survivors left: none" in text
     assert "the model is gone" in text and free_cli.exit_status(receipt) == 0
 
 
 @pytest.mark.parametrize("version", ["0.27.0"])
-def test_free_with_release_while_release_is_off_cuts_nothing_and_says_why(version, tmp_path):
+def test_free_with_release_while_release_is_off_is_refused_before_anything_is_unloaded(version, tmp_path):
     async def scenario(comfy):
+        await comfy.run(leaky("kept"))                 # a model ComfyUI keeps loaded
         await leak_one(comfy)
-        return await comfy.free({"unload_models": True, "free_memory": True, "release": True})
+        answer = await comfy.free({"unload_models": True, "free_memory": True, "release": True})
+        _, rows = await comfy.get_json("/memx/models")
+        return answer, rows
 
-    status, receipt = serve(version, tmp_path, scenario)
-    assert status == 200 and receipt["releases"] == [] and "release is off" in receipt["release_note"]
-    assert free_cli.exit_status(receipt) == 1
+    (status, body), rows = serve(version, tmp_path, scenario)
+    assert status == 403 and body["error"] == "release_off" and "nothing was unloaded" in body["message"]
+    assert any(row["in_comfyui_loaded_list"] for row in rows)        # ComfyUI still has its models loaded
+    assert all(row["last_unload"] is None or row["last_unload"]["reason"] != "free_request" for row in rows)
 
 
 @pytest.mark.parametrize("version", ["0.27.0"])

@@ -21,13 +21,14 @@ from memx_helpers import install_pack, memx_on
 
 VERSIONS = ["0.3.64", "0.27.0"]
 MODEL_KEYS = {"model", "model_id", "state", "bytes", "loaded_bytes", "load_device", "bytes_by_device",
-              "pinned_bytes", "owner", "loaded_at", "last_used", "loads", "unloads", "last_unload",
-              "reloads", "reload_seconds", "reload_bytes", "reload_causes", "in_comfyui_loaded_list", "leak",
-              "searched", "release"}
+              "pinned_bytes", "owner", "created_by", "created_at", "loaded_at", "last_used", "loads", "unloads",
+              "last_unload", "reloads", "reload_seconds", "reload_bytes", "reload_causes", "in_comfyui_loaded_list",
+              "leak", "searched", "release"}
 RECEIPT_KEYS = {"status", "worker", "waited_s", "request", "run", "freed", "freed_bytes", "released_bytes",
                 "still_loaded", "survivors", "survivor_bytes", "memory", "prompt_running_at_request", "releases",
                 "release_bytes"}
-SURVIVOR_KEYS = {"model", "model_id", "owner", "bytes", "resident_bytes", "reason", "leak", "holders", "search", "holder"}
+SURVIVOR_KEYS = {"model", "model_id", "owner", "created_by", "bytes", "resident_bytes", "reason", "leak", "holders",
+                 "search", "holder"}
 OWNER_KEYS = {"prompt_id", "node_id", "class_type", "package", "via"}
 
 
@@ -164,7 +165,9 @@ def test_status_route_says_each_sites_state_and_a_replaced_one_as_rewrapped(vers
         return before, after
 
     (status, before), (_, after) = serve(version, tmp_path, scenario)
-    assert status == 200 and set(before) == {"version", "source", "leak_mode", "release", "release_packages", "sites", "pins"}
+    assert status == 200 and set(before) == {"version", "source", "leak_mode", "release", "release_packages", "sites",
+                                             "pins", "process"}
+    assert before["process"]["rss_bytes"] > 0   # this process's own resident memory, shown beside the machine's RAM
     assert before["release"] == "off"   # opt-in: nothing is ever cut unless COMFY_MEMX_RELEASE says so
     states = {row["site"]: row["state"] for row in before["sites"]}
     assert states["load_models_gpu"] == "patched" and before["leak_mode"] == "report"
@@ -196,6 +199,7 @@ def test_models_route_lists_each_model_with_its_schema(version, tmp_path):
     assert sum(row["bytes_by_device"].values()) == row["bytes"] and row["load_device"] in row["bytes_by_device"]
     assert row["pinned_bytes"] == 0 and row["loads"] == 1 and row["unloads"] == 0 and row["last_unload"] is None
     assert row["loaded_at"] <= row["last_used"]
+    assert row["created_by"] == row["owner"] and row["created_at"] <= row["loaded_at"]   # built and loaded by node 1
 
 
 # -- POST /memx/free --------------------------------------------------------------------------------------------------
@@ -478,11 +482,12 @@ def test_register_adds_routes_once_and_detects_a_taken_metrics_path():
             self.routes, self.app, self.prompt_queue = web.RouteTableDef(), web.Application(), None
 
     plain = Server()
-    served = ["/memx/models", "/memx/status", "/memx/timeline", "/memx/free", "/memx/models/{model_id}/search",
-              "/memx/models/{model_id}/release", "/memx/metrics", "/memx/", "/memx/web/{name}", "/metrics"]
+    served = ["/memx/models", "/memx/status", "/memx/timeline", "/memx/releases", "/memx/runbooks", "/memx/free",
+              "/memx/models/{model_id}/search", "/memx/models/{model_id}/release", "/memx/metrics", "/memx/",
+              "/memx/web/{name}", "/metrics"]
     assert routes.register(plain) == served
     assert routes.register(plain) == served
-    assert len(list(plain.routes)) == 11   # and GET /memx, the redirect to /memx/
+    assert len(list(plain.routes)) == 13   # and GET /memx, the redirect to /memx/
     taken = Server()
 
     async def handler(request):

@@ -106,7 +106,8 @@ def test_every_route_from_a_served_stand_in(servers, version):
     for path in ("/metrics", "/memx/metrics", "/api/metrics"):
         status, text = call("GET", server.url + path)
         assert status == 200 and 'comfy_memx_loads_total{package="leaky_pack"} 2.0' in text
-        assert 'comfy_memx_leaks_total{loader_package="leaky_pack",package="leaky_pack",stage="rooted"}' in text
+        assert ('comfy_memx_leaks_total{found_by="comfyui_warning",loader_package="leaky_pack",package="leaky_pack",'
+                'stage="rooted"}') in text
 
     cli = subprocess.run([sys.executable, "-m", "comfy_memx", "free", "--url", server.url, "--timeout", "30"],
                          capture_output=True, text=True, timeout=120)

@@ -93,9 +93,11 @@ def test_a_model_a_pack_keeps_after_memx_free_is_a_leak_with_its_holder_counted_
     assert event["holder_package"] == "hoarding_pack" and event["reason"] == "new"
     leaks = by_name(values, "comfy_memx_leaks_total")
     assert {labels: n for labels, n in leaks.items() if n} == {
-        (("loader_package", "hoarding_pack"), ("package", "hoarding_pack"), ("stage", "rooted")): 1.0}
+        (("found_by", "after_free"), ("loader_package", "hoarding_pack"), ("package", "hoarding_pack"),
+         ("stage", "rooted")): 1.0}
     leaked = by_name(values, "comfy_memx_leaked_bytes")
-    assert leaked == {(("loader_package", "hoarding_pack"), ("package", "hoarding_pack")): row["bytes"]}
+    assert leaked == {(("found_by", "after_free"), ("loader_package", "hoarding_pack"), ("package", "hoarding_pack")):
+                      row["bytes"]}
     kept.clear()
     gc.collect()
     assert module_ref() is None   # comfy_memx's books kept nothing alive
@@ -138,7 +140,8 @@ def test_a_hoarded_model_patcher_unloaded_by_a_node_is_a_leak_at_the_next_collec
     [event] = [e for e in read_events(events) if e["event"] == "leak"]
     assert event["found_by"] == "after_unload" and event["holder_package"] == "hoarding_pack"
     leaks = {labels: n for labels, n in by_name(values, "comfy_memx_leaks_total").items() if n}
-    assert leaks == {(("loader_package", "hoarding_pack"), ("package", "hoarding_pack"), ("stage", "rooted")): 1.0}
+    assert leaks == {(("found_by", "after_unload"), ("loader_package", "hoarding_pack"), ("package", "hoarding_pack"),
+                      ("stage", "rooted")): 1.0}
     hoard.clear()
     gc.collect()
     assert patcher_ref() is None

@@ -132,7 +132,7 @@ def test_the_pack_activates_comfy_memx_late_in_plain_comfyui(tmp_path, tree, kin
     assert result["status"]["http_status"] == 200, log[-4000:]
     assert result["status"]["body"]["source"] == "node pack"
     [line] = startup_lines(log)
-    assert line.startswith(f"{STARTUP}node pack, leak mode report): patched load_models_gpu")
+    assert line.startswith(f"{STARTUP}node pack, leak mode report, release off): patched load_models_gpu")
     assert "; late activation (comfy.model_management" in line and "imported before comfy_memx)" in line
     # ComfyUI's own comfy.clip_vision does `from comfy.utils import load_torch_file` (0.3.64 to 0.33.0)
     assert "; unreachable (imported by name before comfy_memx, those calls bypass it): " in line
@@ -164,7 +164,7 @@ def test_the_pack_with_the_launcher_or_the_env_flag_activates_once(tmp_path, com
     expected = "launcher" if combination == "launcher" else "env"   # the .pth line runs before the launcher
     assert result["status"]["body"]["source"] == expected, log[-4000:]
     [line] = startup_lines(log)
-    assert line.startswith(f"{STARTUP}{expected}, leak mode report)") and "late activation" not in line
+    assert line.startswith(f"{STARTUP}{expected}, leak mode report, release off)") and "late activation" not in line
     [said] = [l for l in log.splitlines() if "comfy_memx node pack (custom_nodes/comfy_memx)" in l]
     assert f"already active ({expected}); not activating it again" in said
     assert f"imported before the pack ({installed_comfy_memx(PYTHON)})" in said

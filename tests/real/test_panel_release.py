@@ -185,6 +185,17 @@ def stub_page(chromium):
     context.close()
 
 
+def pump_until(page, check, timeout, what):
+    """Wait until ``check()`` is true while Playwright runs this page's route handlers (its sync API runs them only
+    while one of its calls waits, never during a plain ``time.sleep``: on a busy machine the request may be routed
+    after ``click`` returned)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        page.wait_for_timeout(100)
+
+
 def leak_card(page, model_id):
     return page.locator(f"[data-memx=leak][data-model-id='{model_id}']")
 
@@ -220,7 +231,7 @@ def test_the_button_waits_for_its_answer_and_asks_for_the_quoted_model_and_its_h
     page, server, _ = stub_page(stub_rows("ask"), ANSWERS["released"], hold=True, token="s3cret")
     button = leak_card(page, KEPT_ID).locator("[data-memx=release-button]")
     button.click()
-    wait_until(lambda: server.held, 30, "the release request")
+    pump_until(page, lambda: server.held, 30, "the release request")
     assert button.is_disabled() and button.inner_text() == "Releasing…"
     [asked] = server.releases
     assert asked["raw_path"] == "/memx/models/MemxTinyNet%233/release" and asked["model_id"] == KEPT_ID, asked

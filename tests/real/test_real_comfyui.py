@@ -416,7 +416,7 @@ def test_tiny_model_weights_depend_only_on_the_loader_name():
     assert node_pack.seed_from_text("a") == node_pack.seed_from_text("a") != node_pack.seed_from_text("b")
 
 
-STARTUP_LINE = ("comfy_memx 0.2.0 active (launcher, leak mode strict): patched load_models_gpu, "
+STARTUP_LINE = ("comfy_memx 0.3.0 active (launcher, leak mode strict, release off): patched load_models_gpu, "
                 "LoadedModel.model_load, "
                 "execution.get_output_data, comfy.utils.load_torch_file; skipped unload_model_and_clones, pin_memory "
                 "(absent in this ComfyUI); comfy.pinned_memory.pin_memory (comfy.pinned_memory not imported)")
@@ -462,7 +462,8 @@ def split_startup_line(line):
 
 
 SITE_FILES = (("comfy.pinned_memory.", "comfy/pinned_memory.py"), ("comfy.utils.", "comfy/utils.py"),
-              ("execution.", "execution.py"), ("server.", "server.py"))
+              ("comfy.model_patcher.", "comfy/model_patcher.py"), ("execution.", "execution.py"),
+              ("server.", "server.py"))
 
 
 def site_in_tree(tree, site):
@@ -743,7 +744,8 @@ def test_startup_line_patches_every_site_the_tree_defines(tree, name, real_sessi
     source = "launcher" if session.launcher == "module" else "env"
     mode = session.extra_env.get("COMFY_MEMX_LEAK_MODE", "report")
     lines = [line for line in memx_lines(log) if " active (" in line]
-    assert len(lines) == 1 and f"active ({source}, leak mode {mode}): patched" in lines[0], (lines, where(session))
+    assert len(lines) == 1 and f"active ({source}, leak mode {mode}, release off): patched" in lines[0], (
+        lines, where(session))
     assert "Torch already imported" not in log
     patched, skipped = split_startup_line(lines[0])
     assert "load_models_gpu" in patched and "server.PromptServer.add_routes" in patched
@@ -754,7 +756,8 @@ def test_startup_line_patches_every_site_the_tree_defines(tree, name, real_sessi
 
 
 DOCTOR_PREFIX = {"model_management": "", "pinned_memory": "", "dynamic_pins": "comfy.pinned_memory.",
-                 "execution": "execution.", "loader": "comfy.utils.", "server": "server."}
+                 "execution": "execution.", "loader": "comfy.utils.", "model_patcher": "comfy.model_patcher.",
+                 "server": "server."}
 
 
 @needs_real_comfyui

@@ -1,6 +1,8 @@
 """The docs tell the truth about the code: the configuration reference is the generator's output, and every file path,
 ``path:name``, dotted ``comfy_memx.<x>.<y>`` name and page link written in README.md, docs/*.md or a docstring of
-comfy_memx/, patches/, bench/ or tests/ names something that exists.
+comfy_memx/, patches/, bench/ or tests/ names something that exists; every pointer to a page's section (``(README,
+Security)``-style, in a page, a docstring or a message) names a section that exists; the fields docs/operations.md
+names for ``/memx/status``, ``/memx/releases``, ``/memx/timeline`` and the ``release`` event are the ones they have.
 
 A path here is one that starts with ``comfy_memx/``, ``patches/``, ``tests/``, ``bench/``, ``docs/`` or ``.ci/``; a
 path followed by ``<``, ``{`` or ``*``, or holding ``...``, is a pattern (``tests/real/<file>``), not a file, and is
@@ -240,3 +242,144 @@ def test_issue_references_are_recognised():
     planted = "(iss" "ue 21, fleets) Iss" "ue 18: see #" "12 and P" "R 4"   # split: this file is scanned too
     assert issue_references(planted) == ["iss" "ue 21", "Iss" "ue 18", "#" "12", "P" "R 4"]
     assert issue_references("SDXL#1, MemxTinyNet%231, ``#0``, # 1. a comment, issues with it, prs") == []
+
+
+# -- pointers to a page's section, and the fields the routes answer --------------------------------------------------
+
+#: "(README, Security)", '(README, "Threads and locks")', '(docs/architecture.md, "Threads and locks")' and "the
+#: README's Development section": the page must exist and have a heading of that name
+POINTER = re.compile(r"\((README|docs/[\w-]+\.md)(?:\.md)?,\s*\"?([^\")]+?)\"?\)|(README)'s ([A-Z][\w ]*?) section")
+POINTER_FOLDERS = ("comfy_memx", "patches", "bench", "tests", ".ci")
+
+
+def pointer_texts():
+    """``(where, text)`` of every page and every source file (not only docstrings: a message a user reads, such as
+    a receipt's note, points at a section too)."""
+    for page in PAGES:
+        yield page.relative_to(ROOT).as_posix(), page.read_text(encoding="utf-8")
+    for folder in POINTER_FOLDERS:
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix in (".py", ".js", ".sh", ".yml", "") and path.is_file() and "__pycache__" not in path.parts:
+                yield path.relative_to(ROOT).as_posix(), path.read_text(encoding="utf-8", errors="replace")
+
+
+def broken_pointers(where, text):
+    """The pointers of ``text`` to a page's section that name no page or no heading of that page."""
+    for match in POINTER.finditer(text):
+        page, section = (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
+        target = ROOT / ("README.md" if page == "README" else page)
+        if not target.is_file():
+            yield f"{where}: {match.group(0)}: no page {page}"
+        elif slug(section) not in anchors(target):
+            yield f"{where}: {match.group(0)}: {target.name} has no section {section!r}"
+
+
+def test_every_pointer_to_a_section_names_one_that_exists():
+    broken = [problem for where, text in pointer_texts() if where != "tests/unit/test_docs.py"
+              for problem in broken_pointers(where, text)]
+    assert broken == [], "\n".join(broken)
+
+
+def test_the_pointer_check_catches_a_moved_section():
+    planted = ("(READ" "ME, Security) (READ" "ME, \"Threads and locks\") (docs/architecture.md, \"Threads and locks\") "
+               "the READ" "ME's Development section (docs/security.md, Security) (docs/nowhere.md, X)")
+    found = list(broken_pointers("planted", planted))
+    assert len(found) == 4 and all("planted: " in line for line in found), found
+
+
+def route_cell(route):
+    """The answer cell of ``route``'s row in docs/operations.md's route table."""
+    for line in (ROOT / "docs" / "operations.md").read_text(encoding="utf-8").splitlines():
+        if line.startswith(f"| `{route}"):
+            return line.split(" | ", 1)[1].rstrip(" |")
+    raise AssertionError(f"docs/operations.md has no row for {route}")
+
+
+def event_cell(event):
+    """The fields cell of ``event``'s row in docs/operations.md's events table."""
+    for line in (ROOT / "docs" / "operations.md").read_text(encoding="utf-8").splitlines():
+        if line.startswith(f"| `{event}` | "):
+            return line.split(" | ", 1)[1].rstrip(" |")
+    raise AssertionError(f"docs/operations.md's events table has no row for {event}")
+
+
+def documented_fields(cell):
+    """``(top, nested)``: the backticked names of a docs cell's first clause (up to a ``.`` or ``;`` outside any
+    parentheses) that stand outside parentheses (the answer's own fields), and every backticked name inside them
+    (its parts' fields, and values)."""
+    top, nested, depth, at = [], set(), 0, 0
+    while at < len(cell):
+        char = cell[at]
+        if char == "`":
+            end = cell.index("`", at + 1)
+            (top.append if depth == 0 else nested.add)(cell[at + 1:end])
+            at = end + 1
+            continue
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0 and (cell.startswith(". ", at) or cell.startswith("; ", at)):
+            break
+        at += 1
+    return top, nested
+
+
+def answers_on_the_stand_in():
+    """What ``GET /memx/status``, ``GET /memx/releases`` and ``GET /memx/timeline`` answer, and a timeline entry of
+    each kind, on the stand-in with comfy_memx active (a release receipt of each outcome that cut something)."""
+    import asyncio
+    import json as json_module
+    from comfy_memx.surface import routes, timeline
+    from memx_helpers import memx_on
+    with memx_on("0.27.0"):
+        status = json_module.loads(asyncio.run(routes.Handlers(None).status(None)).body)
+        releases = json_module.loads(routes._releases_body())
+        ring = timeline.Timeline()
+        owner = {"package": "p", "class_type": "C", "node_id": "1"}
+        for event in ({"event": "load", "model_id": "M#1", "bytes": 1, "loaded_bytes": 1, "owner": owner},
+                      {"event": "unload", "model_id": "M#1", "bytes": 1, "reason": "oom", "requested_by": owner},
+                      {"event": "leak", "model_id": "M#1", "stage": "rooted", "holder_package": "p"},
+                      {"event": "release", "model_id": "M#1", "outcome": "released", "died": True, "bytes": 1},
+                      {"event": "free", "status": "done"}):
+            ring.observe({"time": 1.0, "model": "M", **event})
+        view = ring.view()
+    return status, releases, view
+
+
+def test_the_route_fields_named_in_the_docs_are_the_fields_the_routes_answer():
+    status, releases, view = answers_on_the_stand_in()
+    for route, answer in (("GET /memx/status", status), ("GET /memx/releases", releases),
+                          ("GET /memx/timeline", view)):
+        top, nested = documented_fields(route_cell(route))
+        assert set(top) == set(answer), (route, set(top) ^ set(answer))
+        for field, value in answer.items():   # the fields of the answer's parts are named in the cell too
+            for part in (value if isinstance(value, list) else [value]):
+                if isinstance(part, dict) and field not in ("sites",):
+                    assert set(part) <= nested, (route, field, set(part) - nested)
+    from comfy_memx.nodepack import inactive_status
+    inactive = inactive_status(ValueError("x"))   # what the node pack answers while a bad setting keeps it off
+    said = set(re.findall(r"`(\w+)`", route_cell("GET /memx/status").split("While a bad setting", 1)[1]))
+    assert set(inactive) <= said, set(inactive) - said
+
+
+def test_the_release_events_fields_are_named_in_the_events_table():
+    from comfy_memx.leaks.release import engine
+    record = type("Record", (), {"model": "M", "model_id": "M#1", "model_bytes": 1})()
+    receipt = set(engine._blank(record, "auto")) - {"time"}   # every event has event, time and pid
+    top, nested = documented_fields(event_cell("release"))
+    assert receipt | {"models", "released_bytes"} == set(top), receipt ^ set(top)
+    assert {"before", "after", "trim_returned_bytes", "rss", "vram", "pinned"} <= nested
+
+
+def test_documented_fields_reads_the_first_sentence_outside_parentheses():
+    top, nested = documented_fields("JSON: `a` (`x`, `y` (`z`). `w`; `v`), `b`. Then `c`.")
+    assert top == ["a", "b"] and nested == {"x", "y", "z", "w", "v"}
+    assert documented_fields("`a`, `b`; 400 for a bad `c`")[0] == ["a", "b"]
+
+
+def test_the_changelog_opens_with_this_version_and_its_links_lead_somewhere():
+    """The version moves with what ships: the newest section of CHANGELOG.md is the version pip and the startup
+    line show."""
+    from comfy_memx import __version__
+    changelog = ROOT / "CHANGELOG.md"
+    versions = re.findall(r"^## (\d+\.\d+\.\d+)\s*$", changelog.read_text(encoding="utf-8"), re.MULTILINE)
+    assert versions and versions[0] == __version__, (versions[:1], __version__)
+    assert list(missing_links(changelog)) == []

@@ -72,3 +72,80 @@ def test_every_commands_help_is_plain_text(capsys):
             importlib.import_module(module).main(["--help"])
         shown = capsys.readouterr().out
         assert f"python -m comfy_memx {name}" in shown and "``" not in shown, (name, shown)
+
+
+#: settings whose effect only the launcher has (it checks them when ComfyUI exits): a command using one has no
+#: ``COMFY_MEMX=1`` or node-pack form
+LAUNCHER_ONLY = {"COMFY_MEMX_LEAK_FAIL"}
+
+
+def code_blocks(text):
+    """The fenced code blocks of a page, each as a list of lines with ``\\`` continuations joined."""
+    blocks, block = [], None
+    for line in text.splitlines():
+        if line.startswith("```"):
+            if block is not None:
+                blocks.append(block)
+            block = None if block is not None else []
+        elif block is not None:
+            if block and block[-1].endswith("\\"):
+                block[-1] = block[-1][:-1].rstrip() + " " + line.strip()
+            else:
+                block.append(line)
+    return blocks
+
+
+def start_settings(line):
+    """``(form, {COMFY_MEMX_* setting: value})`` of a ComfyUI start command: ``launcher`` (``python -m comfy_memx
+    ... main.py``: its leading variables and its options), ``env`` (``COMFY_MEMX=1 ... python main.py``), ``pack``
+    (``... python main.py`` with settings and no ``COMFY_MEMX=1``); None for any other line or a synopsis."""
+    from comfy_memx.core.config import SETTINGS
+    words = line.split("#", 1)[0].split()
+    if "[" in line or not any(word.endswith("main.py") for word in words):
+        return None
+    settings, at = {}, 0
+    while at < len(words) and re.fullmatch(r"COMFY_MEMX\w*=\S*", words[at]):
+        name, _, value = words[at].partition("=")
+        settings[name] = value
+        at += 1
+    rest = words[at:]
+    if rest[:3] == ["python", "-m", "comfy_memx"]:
+        flags = {setting.flag: setting.env for setting in SETTINGS}
+        options = rest[3:next(i for i, word in enumerate(rest) if word.endswith("main.py"))]
+        for flag, value in zip(options[::2], options[1::2]):
+            settings[flags[flag]] = value
+        return "launcher", settings
+    if rest[:2] != ["python", "main.py"]:
+        return None
+    if settings.pop("COMFY_MEMX", None) == "1":
+        return "env", settings
+    return ("pack", settings) if settings else None
+
+
+def test_every_start_command_with_settings_is_shown_in_all_three_forms():
+    """A launcher command with settings in the README or docs comes, in the same code block, with its ``COMFY_MEMX=1``
+    form and its node-pack form (ComfyUI's plain start command) carrying the same settings: a user of each install
+    kind finds the command that works for theirs."""
+    missing, seen = [], 0
+    for path, text in doc_texts().items():
+        for block in code_blocks(text):
+            forms = [found for found in map(start_settings, block) if found]
+            for form, settings in forms:
+                if form != "launcher" or not settings or LAUNCHER_ONLY & set(settings):
+                    continue
+                seen += 1
+                for other in ("env", "pack"):
+                    if (other, settings) not in forms:
+                        missing.append(f"{path}: no {other} form of the launcher command with {settings}")
+    assert seen >= 4, "no launcher command with settings found: the parser no longer reads the docs"
+    assert missing == [], "\n".join(missing)
+
+
+def test_start_settings_reads_each_form():
+    launcher = "COMFY_MEMX_RELEASE=ask python -m comfy_memx --leak-mode strict ComfyUI/main.py --listen 0.0.0.0"
+    assert start_settings(launcher) == ("launcher", {"COMFY_MEMX_RELEASE": "ask", "COMFY_MEMX_LEAK_MODE": "strict"})
+    assert start_settings("COMFY_MEMX=1 COMFY_MEMX_RELEASE=ask python main.py  # x") == (
+        "env", {"COMFY_MEMX_RELEASE": "ask"})
+    assert start_settings("COMFY_MEMX_RELEASE=ask python main.py") == ("pack", {"COMFY_MEMX_RELEASE": "ask"})
+    assert start_settings("python -m comfy_memx [memx options] [--] path/to/ComfyUI/main.py") is None
+    assert start_settings("python -m comfy_memx free --url http://127.0.0.1:8188") is None

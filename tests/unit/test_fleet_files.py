@@ -49,6 +49,7 @@ def test_the_fleet_command_prints_the_paths_and_a_scrape_config(capsys):
     # no rule_files: the README copies the rules where prometheus.yml looks, and two entries would load them twice
     assert "rule_files" not in text and fleet.rules_path() not in text and "job_name: comfyui\n" in text
     assert 'targets: ["10.0.0.5:8188", "10.0.0.6:8188"]' in text and "metrics_path: /memx/metrics" in text
+    assert "scrape_interval: 15s\n" in text and "scrape_timeout: 10s\n" in text
 
 
 def test_the_fleet_help_is_plain_text_that_says_what_the_operations_page_says(capsys):
@@ -110,7 +111,7 @@ def test_the_dashboard_has_a_datasource_variable_and_job_and_instance_variables_
 
 def test_every_dashboard_query_selects_the_chosen_job_and_instance():
     for title, ref, expr in dashboard_exprs():
-        selectors = re.findall(r"\b(?:comfy_memx_[a-z0-9_]+|process_start_time_seconds)(\{[^}]*\})?", expr)
+        selectors = re.findall(r"\b(?:comfy_memx[_:][a-z0-9_:]+|process_start_time_seconds)(\{[^}]*\})?", expr)
         assert selectors and all(re.fullmatch(r"\{" + re.escape(SELECTOR) + r'(, [a-z_]+="[a-z_]+")*\}', selector)
                                  for selector in selectors), (title, ref, expr)
 
@@ -122,15 +123,36 @@ def test_the_dashboard_shows_every_group_the_issue_asks_for():
     wanted = {"comfy_memx_loaded_bytes", "comfy_memx_model_bytes", "comfy_memx_leaked_bytes", "comfy_memx_leaks_total",
               "comfy_memx_reload_seconds_total", "comfy_memx_pinned_bytes", "comfy_memx_pin_cap_bytes",
               "comfy_memx_frees_total", "comfy_memx_free_survivors_total", "comfy_memx_load_gbps_bucket",
-              "comfy_memx_offload_gbps_bucket", "comfy_memx_info"}
+              "comfy_memx_offload_gbps_bucket", "comfy_memx_info", "comfy_memx_releases_total",
+              "comfy_memx_released_bytes_total", "comfy_memx_release_failed_models", "comfy_memx_free_survivor_models"}
     assert wanted <= names, wanted - names
+
+
+def test_every_aggregating_panel_names_the_server():
+    """A fleet view must say which server to drain: every aggregation keeps ``instance``, except the heatmaps, which
+    Grafana repeats once per selected server."""
+    for panel in data_panels(load_dashboard()):
+        for target in panel["targets"]:
+            for grouping in re.findall(r"\b(?:sum|max|min|avg) by \(([^)]*)\)", target["expr"]):
+                labels = {label.strip() for label in grouping.split(",")}
+                assert "instance" in labels or (panel.get("repeat") == "instance" and labels == {"le"}), (
+                    panel["title"], target["expr"])
+
+
+def test_the_board_reads_the_growth_fits_that_the_rules_record():
+    recorded = set(re.findall(r"^\s*- record: (\S+)$", rules_text(), re.M))
+    read = {name for _, _, expr in dashboard_exprs() for name in re.findall(r"\bcomfy_memx:[a-z0-9_:]+", expr)}
+    assert {"comfy_memx:rss_unexplained_growth:bytes_per_hour", "comfy_memx:rss_unexplained_fast_growth:bytes_per_hour"} \
+        <= read <= recorded, (read, recorded)
 
 
 def every_family_exported():
     """Names of every sample comfy_memx exports once each kind of event happened (histograms with suffixes)."""
     owner = {"package": "p"}
+    leak = {"stage": "rooted", "time": 1.0, "found_by": "after_free", "holder_package": "p"}
     m = metrics.Metrics(model_rows=lambda: [{"model": "M", "model_id": "M#1", "owner": owner, "load_device": "cpu",
-                                             "loaded_bytes": 0, "bytes": 1, "state": "leaked", "leak": None}],
+                                             "loaded_bytes": 0, "bytes": 1, "state": "leaked", "leak": leak,
+                                             "release": {"last": "in_use"}}],
                         pin_facts=lambda: {"pinned_bytes": 1, "cap_bytes": 2, "comfyui_cap_bytes": 3},
                         process_facts=lambda: {"sites": [{"patch": "p", "site": "s", "state": "skipped",
                                                           "reason": "absent in this ComfyUI"}]})
@@ -142,6 +164,7 @@ def every_family_exported():
         {"event": "leak_seen", "owner": owner},
         {"event": "pin_evict", "reason": "cap", "bytes": 1},
         {"event": "pin_refused", "reason": "eviction_failed"},
+        {"event": "release", "package": "p", "outcome": "released", "died": True, "bytes": 1},
         {"event": "free", "origin": None, "survivors": 1, "survivor_bytes": 1, "freed_bytes": 1,
          "memory": {"trim": {"returned_bytes": 1}, "held_bytes": 1, "rss_after": 1},
          "survivor_packages": [{"package": "p", "loader_package": "p"}]},

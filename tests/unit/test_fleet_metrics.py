@@ -49,11 +49,12 @@ def test_leak_counters_name_the_holding_package_and_the_loading_one():
                "holder_package": "memx_test_nodes"})
     m.observe({"event": "leak_seen", "model_id": "Net#1", "owner": OWNER, "stage": "rooted"})  # holder remembered
     m.observe({"event": "leak", "model_id": "Net#2", "owner": OWNER, "stage": "rooted", "reason": "new",
-               "holder_package": None})
+               "holder_package": None, "found_by": "after_free"})
     leaks = named(scrape(m), "comfy_memx_leaks_total")
     assert leaks == {
-        (("loader_package", "loader_pack"), ("package", "memx_test_nodes"), ("stage", "rooted")): 1,
-        (("loader_package", "loader_pack"), ("package", "unknown"), ("stage", "rooted")): 1,
+        (("found_by", "comfyui_warning"), ("loader_package", "loader_pack"), ("package", "memx_test_nodes"),
+         ("stage", "rooted")): 1,
+        (("found_by", "after_free"), ("loader_package", "loader_pack"), ("package", "unknown"), ("stage", "rooted")): 1,
     }
     assert named(scrape(m), "comfy_memx_leak_sightings_total") == {
         (("loader_package", "loader_pack"), ("package", "memx_test_nodes")): 1}
@@ -64,15 +65,17 @@ def test_leaked_bytes_are_summed_by_holder_and_forgotten_with_the_model():
                            row("Net#3", 7, state="leaked", leak={"stage": "rooted", "holder_package": "pack_c"}),
                            row("Vae#1", 1000, loaded=1000)])
     m.observe({"event": "leak", "model_id": "Net#1", "owner": OWNER, "stage": "rooted", "holder_package": "pack_a"})
+    no_record, warned = ("found_by", "no_patcher"), ("found_by", "comfyui_warning")
     assert named(scrape(m), "comfy_memx_leaked_bytes") == {
-        (("loader_package", "loader_pack"), ("package", "pack_a")): 100,
-        (("loader_package", "loader_pack"), ("package", "unknown")): 30,
-        (("loader_package", "loader_pack"), ("package", "pack_c")): 7,
+        (no_record, ("loader_package", "loader_pack"), ("package", "pack_a")): 100,
+        (no_record, ("loader_package", "loader_pack"), ("package", "unknown")): 30,
+        (warned, ("loader_package", "loader_pack"), ("package", "pack_c")): 7,
     }
     del rows[0]
     scrape(m)
     assert "Net#1" not in m.holders
-    assert (("loader_package", "loader_pack"), ("package", "pack_a")) not in named(scrape(m), "comfy_memx_leaked_bytes")
+    assert (no_record, ("loader_package", "loader_pack"), ("package", "pack_a")) not in named(
+        scrape(m), "comfy_memx_leaked_bytes")
 
 
 def test_free_receipts_count_survivors_and_the_last_free_is_kept_apart():
@@ -224,3 +227,70 @@ def test_a_receipt_names_the_package_that_holds_each_survivor():
     assert freeing.survivor_packages(rows) == [{"package": "ComfyUI-Cachey", "loader_package": "core"},
                                                {"package": "hoarder_pack", "loader_package": "loader_pack"},
                                                {"package": "unknown", "loader_package": "core"}]
+
+
+def leaked_row(model_id, nbytes, holder, found_by="comfyui_warning", found_at=1000.0, release=None):
+    """A /memx/models row of a live leaked model with a leak record (as ``leaks.public_state`` shows it)."""
+    leak = {"stage": "rooted", "time": found_at, "holder_package": holder, "found_by": found_by}
+    return {**row(model_id, nbytes, state="leaked", leak=leak), "release": {"last": release} if release else None}
+
+
+def test_the_newest_live_leak_time_is_read_at_scrape_and_leaves_with_its_model():
+    rows = [leaked_row("Net#1", 10, "pack_a", found_at=1000.0), leaked_row("Net#2", 10, "pack_a", found_at=1300.0),
+            leaked_row("Net#3", 10, "pack_b", found_by="after_free", found_at=1200.0), row("Vae#1", 5, loaded=5)]
+    m, live = new_metrics(rows)
+    warned_a = (("found_by", "comfyui_warning"), ("loader_package", "loader_pack"), ("package", "pack_a"),
+                ("stage", "rooted"))
+    freed_b = (("found_by", "after_free"), ("loader_package", "loader_pack"), ("package", "pack_b"), ("stage", "rooted"))
+    assert named(scrape(m), "comfy_memx_leak_found_timestamp_seconds") == {warned_a: 1300.0, freed_b: 1200.0}
+    del live[1]   # the newest of pack_a was released: its time goes with it, no event needed
+    del live[1]
+    assert named(scrape(m), "comfy_memx_leak_found_timestamp_seconds") == {warned_a: 1000.0}
+
+
+def test_free_survivors_are_the_live_leaks_a_free_left_alive_comfyuis_own_free_included():
+    rows = [leaked_row("Net#1", 10, "pack_a", found_at=1000.0),                       # warned before the free
+            leaked_row("Net#2", 10, "pack_b", found_by="after_free", found_at=2100.0),  # found by the free
+            leaked_row("Net#3", 10, "pack_c", found_at=3000.0),                       # warned after the free
+            row("Vae#1", 5, loaded=5)]
+    m, live = new_metrics(rows)
+    survivors = named(scrape(m), "comfy_memx_free_survivor_models")
+    assert survivors == {(("loader_package", "loader_pack"), ("package", "pack_b")): 1}   # no free seen yet
+    # ComfyUI's own POST /free: only its worker's unloads tell (no /memx/free receipt, no free event)
+    m.observe({"event": "unload", "time": 2000.0, "owner": OWNER, "reason": "free_request", "bytes": 5})
+    survivors = named(scrape(m), "comfy_memx_free_survivor_models")
+    assert survivors == {(("loader_package", "loader_pack"), ("package", "pack_a")): 1,
+                         (("loader_package", "loader_pack"), ("package", "pack_b")): 1}
+    m.observe({"event": "free", "time": 3500.0, "origin": None, "survivors": 0, "memory": {}})   # a /memx/free
+    assert len(named(scrape(m), "comfy_memx_free_survivor_models")) == 3
+    live[:] = [r for r in live if r["model_id"] not in ("Net#1", "Net#3")]   # released: gone at the next scrape
+    assert named(scrape(m), "comfy_memx_free_survivor_models") == {
+        (("loader_package", "loader_pack"), ("package", "pack_b")): 1}
+    live[:] = []
+    assert named(scrape(m), "comfy_memx_free_survivor_models") == {}
+
+
+def test_failed_releases_are_live_leaks_whose_last_release_gave_nothing_back():
+    rows = [leaked_row("Net#1", 10, "pack_a", release="in_use"), leaked_row("Net#2", 10, "pack_a", release="survivor"),
+            leaked_row("Net#3", 10, "pack_b", release="busy"), leaked_row("Net#4", 10, "pack_b")]
+    m, live = new_metrics(rows)
+    assert named(scrape(m), "comfy_memx_release_failed_models") == {
+        (("outcome", "in_use"), ("package", "pack_a")): 1, (("outcome", "survivor"), ("package", "pack_a")): 1}
+    live[:] = live[2:]
+    assert named(scrape(m), "comfy_memx_release_failed_models") == {}
+
+
+def test_counters_count_every_request_event_that_the_events_file_has_no_room_for(tmp_path):
+    from comfy_memx.core.events import EventLog
+    m, _ = new_metrics()
+    log = EventLog(str(tmp_path / "events.jsonl"), request_rate=1)
+    log.subscribe(m.observe)
+    for _ in range(30):
+        log.emit_request("release", package="pack_a", outcome="in_use", died=False, bytes=10)
+        log.emit_request("free", origin={"kind": "http", "route": "/memx/free"}, freed_bytes=1, survivors=0,
+                         memory={})
+    log.close()
+    assert log.stats()["dropped"]["rate"] >= 50   # the file kept a few lines ...
+    s = scrape(m)   # ... the counters every event
+    assert s[("comfy_memx_releases_total", (("outcome", "in_use"), ("package", "pack_a")))] == 30
+    assert s[("comfy_memx_frees_total", (("origin", "/memx/free"),))] == 30

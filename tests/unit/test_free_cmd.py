@@ -1,4 +1,4 @@
-"""``python -m comfy_memx free``: the receipt as text, and exit status 0 / 1 / 2, against a stub server."""
+"""``python -m comfy_memx free``: the receipt as text, and its exit statuses, against a stub server."""
 
 import contextlib
 import http.server
@@ -99,9 +99,9 @@ def test_a_model_unloaded_but_still_in_ram_is_never_counted_as_freed(stub, capsy
     assert "freed 1 model(s)" not in out
 
 
-def test_a_pending_receipt_and_models_still_loaded_are_status_1(stub, capsys):
+def test_a_pending_receipt_is_status_3_and_models_still_loaded_are_status_1(stub, capsys):
     url = stub(202, receipt(status="pending", worker="waiting", freed=[], note="a running prompt delays it"))
-    assert free_cmd.main(["--url", url, "--unload-only", "--json"]) == 1
+    assert free_cmd.main(["--url", url, "--unload-only", "--json"]) == 3
     assert json.loads(capsys.readouterr().out)["status"] == "pending"
     assert Stub.seen[-1][1] == {"unload_models": True, "free_memory": False}
     url = stub(200, receipt(still_loaded=[{"model": "X", "model_id": "X#1", "loaded_bytes": 5, "device": "cpu"}]))

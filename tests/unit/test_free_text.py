@@ -40,3 +40,13 @@ def test_an_unsearched_survivor_prints_the_leak_reports_holder_with_its_pattern_
 def test_a_survivor_that_is_no_known_leak_prints_no_leak_lines():
     out = text(survivor(search={"note": None}))
     assert "leak report" not in out and "fix (" not in out and "    holders not searched" in out
+
+
+def test_orphaned_and_kept_are_spelled_out_where_the_receipt_says_them():
+    out = text(survivor(reason="orphaned", holders=[]), survivor(model_id="BaseModel#2", reason="kept", holders=[]),
+               survivor(model_id="BaseModel#3", reason="leaked", holders=[]))
+    assert ("BaseModel#1 (BaseModel)  1.0 MiB, orphaned: no ModelPatcher refers to it any more, yet something keeps "
+            "its weights in memory") in out, out
+    assert "kept: a ModelPatcher of it outlived ComfyUI's emptied caches (a node's output or a pack holds the MODEL)" \
+        in out, out
+    assert "BaseModel#3 (BaseModel)  1.0 MiB, leaked" in out, out

@@ -274,7 +274,13 @@ def test_receipt_names_released_and_leaked_models_and_bounds_the_searches(monkey
     gone_id = STATE.ledger.find(gone).model_id
     refs = [weakref.ref(m) for m in (kept_a, kept_b)]
     del model, kept_a, kept_b
-    monkeypatch.setattr(freeing, "MAX_SEARCHED", 1)
+    from comfy_memx.leaks import gate
+    real_spend = gate.SearchGate._spend
+
+    def spend_all(searches, cpu):      # the first search empties the CPU budget
+        real_spend(searches, cpu)
+        searches._tokens = 0.0
+    monkeypatch.setattr(gate.SearchGate, "_spend", spend_all)
     queue = Queue()
     worker = Worker(queue)
     ticket = freeing.submit(queue)
@@ -293,7 +299,7 @@ def test_receipt_names_released_and_leaked_models_and_bounds_the_searches(monkey
     paths = [(c["path"], c["root_kind"]) for c in first["holders"]]
     assert paths in ([("test_freeing.HELD[0]", "module_global")], [("test_freeing.HELD[1]", "module_global")])
     assert first["search"]["reason"] == "requested" and first["leak"]["searches"] == 1
-    assert second["holders"] is None and "not searched" in second["search"]["note"]
+    assert second["holders"] is None and second["search"]["note"] == "not searched: cpu budget"
     assert "refs" not in first["leak"] and "next_check" not in first["leak"]  # internal fields stay inside
     HELD.clear()
     assert all(ref() is None for ref in refs)          # the receipt and the search kept nothing

@@ -1,4 +1,4 @@
-"""The package's layers, as the README's Development section draws them: core at the bottom, the route kit above it,
+"""The package's layers, as docs/architecture.md draws them: core at the bottom, the route kit above it,
 the wings above both, the patches and the command line on top, the entry modules above all, and the benches above
 the whole package; imports go down only, and none goes round in a circle.
 
@@ -7,8 +7,9 @@ when the suite runs against a wheel) is read with ``ast``, at the top level or i
 ``from ... import`` statements, and the imports written as calls with a constant name (``importlib.import_module``,
 ``__import__``, ``sys.modules[...]``, ``sys.modules.get(...)``).  An import that climbs, that goes sideways between
 two wings without being listed in :data:`ALLOWED` or past the other wing's ``api`` module (its one door), that goes
-sideways between the patches and the command line, or a bench's import of a wing's inside that
-:data:`BENCH_PARTS` does not list, fails the test with its file and line.
+sideways between the patches and the command line, a command's import of a wing's inside that :data:`CLI_PARTS`
+does not list, or a bench's import of a wing's inside that :data:`BENCH_PARTS` does not list, fails the test with its
+file and line.
 """
 
 import ast
@@ -37,6 +38,7 @@ ALLOWED = {
     ("surface", "ledger"): "the read-model shows the ledger's records and reload causes",
     ("surface", "leaks"): "the read-model, /memx/free and holder searches show leaks and their holders",
     ("surface", "pins"): "the read-model shows the pin budget",
+    ("surface", "fleet"): "serves the runbook page every alert links to (/memx/runbooks)",
 }
 
 # the patches fire core's signals and import only core; the per-layer pin path calls the pin budget directly
@@ -55,6 +57,18 @@ BENCH_PARTS = {
     ("bench.features", "comfy_memx.surface.retention"): "times malloc_trim and the bytes it returns",
     ("bench.leak", "comfy_memx.leaks.holders"): "times the holder search itself, with and without its probe",
     ("bench.pins", "comfy_memx.pins.budget"): "replays workflows against the pin budget's eviction policy alone",
+}
+
+# the command line uses each wing through its ``api`` module too; a command that needs an inner part of a wing that
+# the door does not offer names it here, with why (``fleet`` has no door: its rules and dashboard are files the
+# ``fleet`` command prints and renders)
+CLI_PARTS = {
+    ("comfy_memx.cli.demo", "comfy_memx.ledger.causes"): "prints an unload's cause as the ledger words it",
+    ("comfy_memx.cli.doctor", "comfy_memx.pins.cap"): "shows the pin cap a setting would give, without a pin session",
+    ("comfy_memx.cli.doctor", "comfy_memx.pins.host"): "reads the host's RAM, swap and cgroup limit for the report",
+    ("comfy_memx.cli.fleet", "comfy_memx.fleet"): "prints where the shipped rules and dashboard files are",
+    ("comfy_memx.cli.fleet", "comfy_memx.fleet.rules"): "renders the alert rules with the operator's thresholds",
+    ("comfy_memx.cli.launcher", "comfy_memx.leaks.watch"): "--leak-fail: the rooted leaks found, at ComfyUI's exit",
 }
 
 DYNAMIC_IMPORTERS = {("importlib", "import_module"), ("builtins", "__import__")}
@@ -188,7 +202,7 @@ def layer_of(module):
     first = parts[1] if len(parts) > 1 else ""
     if first not in RANK:
         raise AssertionError(f"{module} belongs to no layer: add its package to the layers of this test and the "
-                             "README's Development section")
+                             "drawing in docs/architecture.md")
     return RANK[first], UNIT.get(first, first)
 
 
@@ -202,6 +216,8 @@ def _problem(name, unit, rank, target):
     if target_rank > rank:
         return f"climbs to {target} ({target_unit})"
     door = f"comfy_memx.{target_unit}.api"
+    if unit == "cli" and target_unit in WINGS and target != door and (name, target) not in CLI_PARTS:
+        return f"reaches past {door} to {target} (list it in CLI_PARTS, with why, if the command needs that part)"
     if unit == "bench":
         if target_unit in WINGS and target != door and (name, target) not in BENCH_PARTS:
             return f"reaches past {door} to {target} (list it in BENCH_PARTS if the bench measures that part)"
@@ -258,6 +274,20 @@ def test_every_allowed_edge_is_still_used():
                 used.add((name, target))
     assert set(ALLOWED) - used == set(), "an allowed edge no module takes any more: drop it from ALLOWED"
     assert set(BENCH_PARTS) - used == set(), "a bench no longer imports a part it lists: drop it from BENCH_PARTS"
+    assert set(CLI_PARTS) - used == set(), "a command no longer imports a part it lists: drop it from CLI_PARTS"
+
+
+def test_a_command_that_reaches_past_a_wings_door_is_caught():
+    """The command line uses the wings through their doors: a new reach into a wing's inside fails until it is
+    listed in CLI_PARTS (and the door itself, a listed part and core always pass)."""
+    planted = {"comfy_memx.cli.newcmd": ("comfy_memx/cli/newcmd.py",
+                                         "from comfy_memx.leaks import watch\nfrom comfy_memx.leaks import api\n"
+                                         "from comfy_memx.core import state\n"),
+               "comfy_memx.cli.demo": ("comfy_memx/cli/demo.py", "from comfy_memx.ledger.causes import cause_label\n")}
+    known = {"comfy_memx.leaks.watch", "comfy_memx.leaks.api", "comfy_memx.core.state", "comfy_memx.ledger.causes"}
+    assert violations(planted, known) == ["comfy_memx/cli/newcmd.py:1: comfy_memx.cli.newcmd (cli) reaches past "
+                                          "comfy_memx.leaks.api to comfy_memx.leaks.watch (list it in CLI_PARTS, "
+                                          "with why, if the command needs that part)"]
 
 
 KNOWN = {"comfy_memx.core", "comfy_memx.core.state", "comfy_memx.ledger", "comfy_memx.ledger.records",

@@ -65,8 +65,8 @@ def test_every_name_has_the_prefix_and_the_documented_labels():
     assert labels["comfy_memx_loads_total"] == labels["comfy_memx_load_bytes_total"] == {("package",)}
     assert labels["comfy_memx_unloads_total"] == {("package", "reason")}
     assert labels["comfy_memx_unload_bytes_total"] == {("reason",)}
-    assert labels["comfy_memx_leaks_total"] == {("loader_package", "package", "stage")}
-    assert labels["comfy_memx_leaked_bytes"] == {("loader_package", "package")}
+    assert labels["comfy_memx_leaks_total"] == {("found_by", "loader_package", "package", "stage")}
+    assert labels["comfy_memx_leaked_bytes"] == {("found_by", "loader_package", "package")}
     assert labels["comfy_memx_info"] == {("leak_mode", "source", "version")}
     assert labels["comfy_memx_patch_sites"] == {("state",)}
     assert labels["comfy_memx_pin_evictions_total"] == labels["comfy_memx_pin_evicted_bytes_total"] == {("reason",)}
@@ -88,11 +88,13 @@ def test_values_follow_the_events_and_the_state():
     assert s[("comfy_memx_load_bytes_total", (("package", "core"),))] == 50
     assert s[("comfy_memx_unloads_total", (("package", "leaky_pack"), ("reason", "memory_pressure")))] == 1
     assert s[("comfy_memx_unload_bytes_total", (("reason", "free_request"),))] == 200
-    assert s[("comfy_memx_leaks_total", (("loader_package", "leaky_pack"), ("package", "ComfyUI-Cachey"),
-                                         ("stage", "rooted")))] == 1
-    assert s[("comfy_memx_leaks_total", (("loader_package", "leaky_pack"), ("package", "unknown"),
-                                         ("stage", "cycle")))] == 1
-    assert s[("comfy_memx_leaked_bytes", (("loader_package", "leaky_pack"), ("package", "ComfyUI-Cachey")))] == 70
+    warned = (("found_by", "comfyui_warning"),)
+    assert s[("comfy_memx_leaks_total", warned + (("loader_package", "leaky_pack"), ("package", "ComfyUI-Cachey"),
+                                                  ("stage", "rooted")))] == 1
+    assert s[("comfy_memx_leaks_total", warned + (("loader_package", "leaky_pack"), ("package", "unknown"),
+                                                  ("stage", "cycle")))] == 1
+    assert s[("comfy_memx_leaked_bytes", (("found_by", "no_patcher"), ("loader_package", "leaky_pack"),
+                                          ("package", "ComfyUI-Cachey")))] == 70
     assert s[("comfy_memx_pin_evictions_total", (("reason", "cap"),))] == 1
     assert s[("comfy_memx_pin_evicted_bytes_total", (("reason", "cap"),))] == 30
     assert s[("comfy_memx_pin_refusals_total", (("reason", "over_cap"),))] == 1
@@ -154,7 +156,7 @@ def test_a_leak_counts_once_and_its_later_sightings_and_searches_count_apart():
          "search": {"deferred": True, "reason": "new"}, **held},
     ])
     both = (("loader_package", "leaky_pack"), ("package", "leaky_pack"))
-    assert samples[("comfy_memx_leaks_total", both + (("stage", "rooted"),))] == 2
+    assert samples[("comfy_memx_leaks_total", (("found_by", "comfyui_warning"),) + both + (("stage", "rooted"),))] == 2
     assert samples[("comfy_memx_leak_sightings_total", both)] == 2
     assert samples[("comfy_memx_leak_searches_total", (("reason", "new"),))] == 1
     assert samples[("comfy_memx_leak_searches_total", (("reason", "holders_changed"),))] == 1

@@ -166,3 +166,22 @@ def test_with_comfy_memx_1_and_the_pack_a_bad_setting_is_reported_once(tmp_path)
     errors = [line for line in logs if "NOT active" in line]
     assert len(errors) == 1 and "COMFY_MEMX_PIN_LIMIT='lots'" in errors[0] and "launcher" not in errors[0], logs
     assert sum("unknown setting COMFY_MEMX_PINLIMIT" in line for line in logs) == 1, logs
+
+
+@pytest.mark.parametrize("before", ["env", "launcher"])
+def test_an_installed_comfy_memx_of_another_version_is_named_with_a_warning(tmp_path, before):
+    """The launcher or COMFY_MEMX=1 runs the pip-installed copy; when it is not the pack folder's version, the pack
+    says so as a warning, with what to do (the same version is no warning: the same code runs)."""
+    site = tmp_path / "site"
+    shutil.copytree(ROOT / "comfy_memx", site / "comfy_memx", ignore=shutil.ignore_patterns("__pycache__", "patches"))
+    shutil.copytree(ROOT / "patches", site / "comfy_memx" / "patches", ignore=shutil.ignore_patterns("__pycache__"))
+    (site / "comfy_memx" / "_version.py").write_text('__version__ = "0.1.9"\n', encoding="utf-8")
+    pack = make_pack(tmp_path / "custom_nodes", "comfy_memx")
+    result, logs = load(pack, before=before, pythonpath=site)
+    assert result["source"] == before and result["package"] == str(site / "comfy_memx")
+    [warned] = [line for line in logs if "runs in this process, not this pack folder's" in line]
+    assert (f"comfy_memx 0.1.9 from {site / 'comfy_memx'} runs in this process, not this pack folder's comfy_memx "
+            f"{__version__}: upgrade that install (pip install --no-deps {pack})") in warned, warned
+    same, same_logs = load(make_pack(tmp_path / "other" / "custom_nodes", "comfy_memx"), before=before,
+                           pythonpath=ROOT)
+    assert not [line for line in same_logs if "runs in this process, not this pack folder's" in line], same_logs

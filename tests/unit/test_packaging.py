@@ -53,7 +53,8 @@ def test_the_wheel_holds_every_module_of_the_source_tree_and_nothing_else(wheel)
     assert shipped == source_modules()
     assert "comfy_memx.pth" in names
     assert {"comfy_memx/fleet/alerts.yml", "comfy_memx/fleet/dashboard.json"} <= names  # data files (fleets)
-    assert {"comfy_memx/web/memx_panel.js", "comfy_memx/web/memx_core.js", "comfy_memx/web/page.html"} <= names
+    web = {f"comfy_memx/web/{path.name}" for path in (ROOT / "comfy_memx" / "web").iterdir() if path.is_file()}
+    assert {"comfy_memx/web/memx_panel.js", "comfy_memx/web/memx_core.js", "comfy_memx/web/page.html"} <= web <= names
     assert not any(name.startswith(("tests/", "patches/", "bench/", "build_backend/")) for name in names)
 
 

@@ -1,4 +1,5 @@
-"""``python -m comfy_memx report``: per model and per package, malformed lines counted and skipped, the PNG."""
+"""``python -m comfy_memx report``: per model and per package, malformed lines counted and skipped, the PNG, and
+the ``release`` events (a released model is no longer leaked; bytes given back per holding package)."""
 
 import builtins
 import json
@@ -313,3 +314,56 @@ def test_reload_time_is_grouped_by_cause_and_model_and_sightings_are_not_new_lea
     text = report.format_text(built, "e.jsonl")
     assert "ComfyUI-Unload-Model/UnloadAllModels caused 2 reload(s) of BaseModel, 5.0 s (200 B)" in text
     assert data["thrash_warnings"] == 1 and "1 thrash warning(s)" in text
+
+
+RELEASED = ev("release", 5, model="BaseModel", model_id="BaseModel#1", trigger="auto", outcome="released",
+              package="leaky_pack", pattern="class_cache", path="leaky_pack.LeakyLoader._cache['a']",
+              cut="leaky_pack.LeakyLoader._cache['a']", bytes=4_000_000, died=True,
+              models=[{"model": "BaseModel", "model_id": "BaseModel#1", "bytes": 4_000_000, "died": True},
+                      {"model": "Vae", "model_id": "Vae#2", "bytes": 1_000, "died": False}],
+              released_bytes=4_000_000)
+NOT_CUT = ev("release", 5.5, model="SDXL", model_id="SDXL#1", trigger="http", outcome="in_use", package="pack_x",
+             bytes=2_000_000, died=False, reason="prompt p1, which loaded it, is still running")
+
+
+def test_a_released_model_is_reported_released_with_the_bytes_given_back_per_holding_package():
+    r = report.EventReport()
+    for line in GOOD[:5] + [RELEASED, NOT_CUT]:
+        r.add_line(line)
+    data = r.as_dict()
+    assert data["malformed_lines"] == 0 and data["other_events"] == 0
+    by_id = {row["model_id"]: row for row in data["models"]}
+    base, vae, sdxl = by_id["BaseModel#1"], by_id["Vae#2"], by_id["SDXL#1"]
+    assert base["status"] == "released" and base["released_bytes"] == 4_000_000 and base["leaks"] == {"rooted": 1}
+    assert vae["status"] is None and vae["releases"] == 1 and vae["released_bytes"] == 0   # cut, still held
+    assert sdxl["status"] is None and sdxl["releases"] == 0
+    assert data["released_by_package"] == [{"package": "leaky_pack", "releases": 1, "models": 1,
+                                            "released_bytes": 4_000_000}]
+    assert data["released_bytes"] == 4_000_000 and data["release_tries_not_cut"] == {"in_use": 1}
+    assert r.timeline[(7, "BaseModel#1")][-1] == (1005.0, 0)
+    text = report.format_text(r, "events.jsonl")
+    assert "BaseModel#1  BaseModel  loaded by package leaky_pack, was held by package leaky_pack, released" in text
+    assert "leaked rooted 1, then released (no longer leaked)" in text
+    assert ("released at +5.0 s by COMFY_MEMX_RELEASE=auto: cut leaky_pack.LeakyLoader._cache['a'] (package "
+            "leaky_pack); freed; 3.8 MiB given back by this release") in text
+    assert "Vae#2" in text and "cut, but the model was still held by something else" in text
+    assert "leaky_pack: 1 release(s), 1 model(s) freed, 3.8 MiB given back" in text
+    assert "releases that cut nothing: in_use 1" in text
+    assert "leaks held rooted 1; released 1 model(s), 3.8 MiB given back" in text
+
+
+def test_a_release_line_of_the_wrong_shape_is_counted_as_malformed():
+    r = report.EventReport()
+    r.add_line(ev("release", 1, outcome="released", models=[{"model_id": 5}]))
+    r.add_line(ev("release", 1, outcome="released", model_id="M#1", bytes="lots", died=True))
+    assert r.as_dict()["malformed_lines"] == 2 and r.releases == []
+
+
+def test_a_released_models_lane_ends_at_its_release_and_the_release_is_marked():
+    r, figure, axes, by_gid = timeline_of(GOOD[:2] + GOOD[4:5] + [RELEASED, ev("load", 9, **identity(
+        "SDXL#1", CORE, "SDXL"), bytes=1, loaded_bytes=2_000_001, seconds=0.001)])
+    base = points(by_gid["model:7:BaseModel#1"])
+    assert base[-1][0] == pytest.approx(5.0), base          # no band past the release
+    assert points(by_gid["model:7:SDXL#1"])[-1][0] > 9.0     # a model never released runs on past the log's end
+    assert [x for x, _ in points(by_gid["marks:release"])] == [5.0, 5.0]   # BaseModel#1 and Vae#2
+    assert "release" in {text.get_text() for text in axes.get_legend().get_texts()}

@@ -1,6 +1,7 @@
 """The memory panel's timeline recorder (``comfy_memx.surface.timeline``): bounded, a constant amount of work and
 memory per event however many events or models came before, loaded bytes per model placed by loads and unloads,
-a leak marked once per model and stage, and subscribed to the event stream once."""
+a leak marked once per model and stage, a release marked on each model its cut entry held (the lane of a model it
+freed ends at zero there), and subscribed to the event stream once."""
 
 import pytest
 
@@ -101,3 +102,34 @@ def test_an_unload_names_who_asked_of_every_kind_the_ledger_writes():
                      {"kind": "load", "package": "pack_d", "class_type": "Loader", "node_id": "4"},
                      {"kind": "comfy_memx", "via": "idle_unload"},
                      {"kind": "comfyui", "via": "prompt_worker"}]
+
+
+def release(model_id, outcome="released", died=True, **fields):
+    return {"event": "release", "time": 5.0, "model": "Net", "model_id": model_id, "trigger": "auto",
+            "outcome": outcome, "package": "pack_c", "path": "pack_c.CACHE['a']", "cut": "pack_c.CACHE['a']",
+            "bytes": 400, "died": died, **fields}
+
+
+def test_a_release_that_cut_an_entry_is_marked_on_every_model_it_held_and_ends_the_freed_ones_at_zero():
+    ring = timeline.Timeline()
+    ring.observe(load("Net#1", 400))
+    ring.observe(load("Vae#2", 100))
+    ring.observe(release("Net#1", models=[{"model": "Net", "model_id": "Net#1", "bytes": 400, "died": True},
+                                          {"model": "Vae", "model_id": "Vae#2", "bytes": 100, "died": False}]))
+    marks = [e for e in ring.since() if e["kind"] == "release"]
+    assert [(e["model_id"], e["died"], e["loaded_bytes"], e["bytes"]) for e in marks] == [
+        ("Net#1", True, 0, 400), ("Vae#2", False, 100, 100)]
+    assert {e["trigger"] for e in marks} == {"auto"} and {e["cut"] for e in marks} == {"pack_c.CACHE['a']"}
+    assert ring.since()[-1]["seq"] == 4
+
+
+def test_a_release_without_a_models_list_marks_its_one_model_and_one_that_cut_nothing_is_not_marked():
+    ring = timeline.Timeline()
+    ring.observe(load("Net#1", 400))
+    for outcome in ("refused", "in_use", "changed", "busy", "gone", "failed"):
+        ring.observe(release("Net#1", outcome=outcome, died=False))
+    assert [e["kind"] for e in ring.since()] == ["load"]
+    ring.observe(release("Net#1", outcome="survivor", died=False))
+    ring.observe(release("Net#1"))
+    assert [(e["kind"], e["outcome"], e["loaded_bytes"]) for e in ring.since()[1:]] == [
+        ("release", "survivor", 400), ("release", "released", 0)]

@@ -1,10 +1,11 @@
-"""Stand-in for ComfyUI 0.27.0 ``execution.py``: PromptExecutor, PromptQueue and the output caches.
+"""Stand-in for ComfyUI's ``execution.py``: PromptExecutor, PromptQueue and the output caches (the cache types,
+the executor's signature, the OOM test and the RAM-pressure step come from the version layer, at the end).
 
 A prompt is ``{node_id: {"class_type": ..., "inputs": {...}}}`` with links ``[node_id, output_index]``.  Nodes
 run in dependency order, each inside ``CurrentNodeContext``; outputs are cached across prompts by input
 signature (so a loader's ModelPatcher stays alive as in ComfyUI).  Memory calls match the real executor:
 ``cleanup_models_gc()`` once per prompt after cache set-up, ``unload_all_models()`` in the OOM handler and at
-the end when DISABLE_SMART_MEMORY, the RAM-pressure step after each node.  No validation, subgraphs or UI.
+the end when DISABLE_SMART_MEMORY, the version's step after each node.  No validation, subgraphs or UI.
 """
 
 import asyncio
@@ -20,6 +21,7 @@ from typing import List, Literal, NamedTuple
 import torch
 import comfy.model_management
 import nodes
+import stand_in_version
 from comfy_execution.utils import CurrentNodeContext
 
 MAXIMUM_HISTORY_SIZE = 10000
@@ -70,6 +72,26 @@ class _SharedOutputCache:
     def set(self, node_id, outputs):
         """Cache the outputs of ``node_id`` under its current input signature."""
         self.entries[self.signatures[node_id]] = outputs
+
+    def clean_unused(self):
+        """After a prompt: CLASSIC keeps what the prompt used, the version's UNCACHED type nothing, LRU the
+        ``lru_size`` most recent entries (and everything the prompt used)."""
+        used = set(self.signatures.values())
+        if self.cache_type in (CacheType.CLASSIC, UNCACHED):
+            self.entries = {k: v for k, v in self.entries.items() if k in used and self.cache_type == CacheType.CLASSIC}
+        elif self.cache_type == CacheType.LRU:
+            while len(self.entries) > max(self.lru_size, len(used)):
+                self.entries.pop(next(k for k in self.entries if k not in used))
+
+
+class _SharedCacheSet:
+    """What ``CacheSet`` is in every stand-in version: only ``outputs`` is modelled (each version's class reads the
+    LRU size from its own options)."""
+
+    def _setup(self, cache_type, lru_size):
+        cache_type = cache_type if isinstance(cache_type, CacheType) else CacheType.CLASSIC
+        self.outputs = OutputCache(cache_type, lru_size)
+        self.all = [self.outputs]
 
 
 class _SilentServer:
@@ -311,94 +333,5 @@ class PromptQueue:
                 return ret
             return self.flags.copy()
 
-import contextlib
 
-import psutil
-
-import comfy.memory_management
-
-
-class CacheType(Enum):
-    CLASSIC = 0
-    LRU = 1
-    NONE = 2
-    RAM_PRESSURE = 3
-
-
-UNCACHED = CacheType.NONE   # outputs dropped after every prompt
-
-
-class OutputCache(_SharedOutputCache):
-    """Node outputs keyed by input signature (class and inputs, links resolved recursively).
-
-    CLASSIC drops what the current prompt does not use, LRU keeps the ``lru_size`` most recent, NONE keeps
-    nothing across prompts, RAM_PRESSURE keeps everything until ``ram_release`` finds RAM short.
-    """
-
-    def clean_unused(self):
-        used = set(self.signatures.values())
-        if self.cache_type in (CacheType.CLASSIC, CacheType.NONE):
-            self.entries = {k: v for k, v in self.entries.items() if k in used and self.cache_type == CacheType.CLASSIC}
-        elif self.cache_type == CacheType.LRU:
-            while len(self.entries) > max(self.lru_size, len(used)):
-                self.entries.pop(next(k for k in self.entries if k not in used))
-
-    def ram_release(self, target, free_active=False):
-        """Drop entries the current prompt does not use (all with ``free_active``) while available RAM < target."""
-        if psutil.virtual_memory().available >= target:
-            return 0
-        used = set(self.signatures.values())
-        dropped = [k for k in self.entries if free_active or k not in used]
-        for k in dropped:
-            del self.entries[k]
-        return len(dropped)
-
-
-class CacheSet:
-    """The executor's caches; only ``outputs`` is modelled."""
-
-    def __init__(self, cache_type=None, cache_args={}):
-        cache_type = cache_type if isinstance(cache_type, CacheType) else CacheType.CLASSIC
-        self.outputs = OutputCache(cache_type, (cache_args or {}).get("lru", 0))
-        self.all = [self.outputs]
-
-
-class PromptExecutor(_SharedPromptExecutor):
-    """Runs prompts, keeping node outputs cached between them."""
-
-    def __init__(self, server, cache_type=False, cache_args=None):
-        self.cache_args = cache_args
-        self._start(server, cache_type)
-
-    def _new_caches(self):
-        return CacheSet(cache_type=self.cache_type, cache_args=self.cache_args)
-
-    @contextlib.contextmanager
-    def _ram_pressure(self):
-        """While a prompt runs: the RAM-pressure release state, and the step to run after every node."""
-        cache_args = self.cache_args or {}
-        ram_headroom = int(cache_args.get("ram", 0) * (1024 ** 3))
-        ram_inactive_headroom = int(cache_args.get("ram_inactive", 0) * (1024 ** 3))
-        ram_release_callback = self.caches.outputs.ram_release if self.cache_type == CacheType.RAM_PRESSURE else None
-        comfy.memory_management.set_ram_cache_release_state(ram_release_callback, ram_headroom)
-
-        def after_node():
-            if ram_release_callback is not None:
-                ram_release_callback(ram_inactive_headroom)
-                ram_shortfall = ram_headroom - psutil.virtual_memory().available
-                freed = comfy.model_management.free_pins(ram_shortfall + 512 * (1024 ** 2))
-                if freed < ram_shortfall:
-                    ram_release_callback(ram_headroom, free_active=True)
-
-        try:
-            yield after_node
-        finally:
-            comfy.memory_management.set_ram_cache_release_state(None, 0)
-
-
-def oom_detected(ex):
-    """Whether ``ex`` is an out-of-memory error; 0.27.0 logs the memory summary first."""
-    if not comfy.model_management.is_oom(ex):
-        return False
-    logging.info("Memory summary:\n{}".format(comfy.model_management.debug_memory_summary()))
-    return True
+stand_in_version.apply_layer(globals())

@@ -1,53 +1,19 @@
-"""Runnable stand-in for ComfyUI 0.27.0 ``main.py`` (same start-up order, serving ``server.PromptServer``).
+"""Runnable stand-in for ComfyUI's ``main.py`` (same start-up order, serving ``server.PromptServer``); the version
+layer, first, gives the version's log format, its executor and what its prompt worker passes on.
 
 Order as in the real file: enable argv parsing, parse args, set up logging, run custom-node prestartup
 scripts (before torch), warn if torch is already imported, import comfy.utils (torch), execution
 (→ comfy.model_management), server, nodes; under ``__main__`` log the versions, load custom nodes between
 hook_breaker save/restore, ``add_routes()``, start ``prompt_worker``, exit 0 with ``--quick-test-for-ci``, else
 serve on ``--listen``/``--port`` until interrupted.
-Run: ``python comfy_memx/cli/demo_world/main.py --cpu --quick-test-for-ci``.
+Run: ``python comfy_memx/cli/demo_world/main.py --cpu --quick-test-for-ci`` (ComfyUI 0.27.0; 0.3.64:
+``tests/fake_comfy/v0_3_64/main.py``, which runs this file).
 """
 import logging
 
+import stand_in_version
 
-_LEVEL_COLORS = {"DEBUG": "\033[36m", "INFO": "\033[32m", "WARNING": "\033[33m", "ERROR": "\033[31m", "CRITICAL": "\033[35m"}
-STARTUP_MODULES = ("comfy.memory_management", "comfy.model_patcher")
-TASK_DONE_OPTIONS = {"process_item": lambda queued: queued[:5] + queued[6:]}
-
-
-class ColoredFormatter(logging.Formatter):
-    """``[LEVEL] message`` with the ANSI-coloured tag 0.27.0 prints even when output is redirected."""
-
-    def format(self, record):
-        bold = "\033[1m" if record.levelno >= logging.WARNING else ""
-        return f"{bold}{_LEVEL_COLORS.get(record.levelname, '')}[{record.levelname}]\033[0m " + super().format(record)
-
-
-LOG_FORMATTER = ColoredFormatter
-
-
-def prompt_extra_data(item):
-    """The queue item's extra_data merged with its sensitive part (item[5]), as 0.27.0's worker passes them."""
-    return {**item[3], **(item[5] if len(item) > 5 else {})}
-
-
-def make_executor(server_instance):
-    """0.27.0's caches: RAM-pressure by default (``--cache-ram``), classic, LRU or none."""
-    cache_type = execution.CacheType.RAM_PRESSURE
-    cache_ram = cache_ram_inactive = 0
-    if args.cache_classic:
-        cache_type = execution.CacheType.CLASSIC
-    elif args.cache_lru > 0:
-        cache_type = execution.CacheType.LRU
-    elif args.cache_none:
-        cache_type = execution.CacheType.NONE
-    else:
-        total_gb = comfy.model_management.total_ram / 1024.0
-        cache_ram = args.cache_ram[0] if args.cache_ram else min(10.0, max(2.0, total_gb * 0.10))
-        cache_ram_inactive = args.cache_ram[1] if len(args.cache_ram) > 1 else min(96.0, total_gb)
-    return execution.PromptExecutor(server_instance, cache_type=cache_type,
-                                    cache_args={"lru": args.cache_lru, "ram": cache_ram, "ram_inactive": cache_ram_inactive})
-
+stand_in_version.apply_layer(globals())   # the version's log format, executor and worker hooks
 
 import comfy.options
 comfy.options.enable_args_parsing()

@@ -1,9 +1,10 @@
 """Stand-in for ComfyUI's ``nodes.py``: a few core nodes for simulated models and the custom-node loader.
 
 Core nodes: ``SimModelLoader`` (a ModelPatcher around a ``comfy.model_base.BaseModel`` of N tensors),
-``SimModelClone`` (``patcher.clone()``, like a LoRA loader) and ``SimSampler`` (``load_models_gpu([model])``,
-optionally raising a CUDA OOM).  ``init_extra_nodes`` imports every pack in the ``custom_nodes`` folders
-(``folder_paths``) and merges its NODE_CLASS_MAPPINGS without overriding core nodes, like the real loader.
+``SimModelClone`` (``patcher.clone()``, like a LoRA loader), ``SimSampler`` (``load_models_gpu([model])``,
+optionally raising a CUDA OOM) and ComfyUI's ``CheckpointLoaderSimple`` (``comfy.sd``'s checkpoint loader).
+``init_extra_nodes`` imports every pack in the ``custom_nodes`` folders (``folder_paths``) and merges its
+NODE_CLASS_MAPPINGS without overriding core nodes, like the real loader.
 """
 import importlib.util
 import logging
@@ -17,6 +18,7 @@ import torch
 import comfy.model_base
 import comfy.model_management
 import comfy.model_patcher
+import comfy.sd
 import folder_paths
 from comfy.cli_args import args
 
@@ -78,7 +80,24 @@ class SimSampler:
         return (model.loaded_size(),)
 
 
-NODE_CLASS_MAPPINGS = {"SimModelLoader": SimModelLoader, "SimModelClone": SimModelClone, "SimSampler": SimSampler}
+class CheckpointLoaderSimple:
+    """ComfyUI's core checkpoint loader: ``comfy.sd.load_checkpoint_guess_config`` on a file of the checkpoints
+    folder, answering its MODEL, CLIP and VAE."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"ckpt_name": ("STRING", {"default": ""})}}
+
+    RETURN_TYPES = ("MODEL", "CLIP", "VAE")
+    FUNCTION = "load_checkpoint"
+
+    def load_checkpoint(self, ckpt_name):
+        ckpt_path = folder_paths.get_full_path_or_raise("checkpoints", ckpt_name)
+        return comfy.sd.load_checkpoint_guess_config(ckpt_path, output_vae=True, output_clip=True)[:3]
+
+
+NODE_CLASS_MAPPINGS = {"SimModelLoader": SimModelLoader, "SimModelClone": SimModelClone, "SimSampler": SimSampler,
+                       "CheckpointLoaderSimple": CheckpointLoaderSimple}
 NODE_DISPLAY_NAME_MAPPINGS = {}
 LOADED_MODULE_DIRS = {}
 

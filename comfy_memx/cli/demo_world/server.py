@@ -1,5 +1,5 @@
-"""Stand-in for ComfyUI 0.27.0 ``server.py``: ``GET /system_stats`` lists every device, ``POST /prompt``
-queues a 6-tuple (with an empty sensitive-data dict).
+"""Stand-in for ComfyUI's ``server.py`` (``PromptServer`` itself, with the devices ``GET /system_stats`` lists and
+the tuple ``POST /prompt`` queues, comes from the version layer, at the end).
 
 What is modelled (reference §11 "server.py", and the real file's structure): ``PromptServer(loop)`` sets
 ``PromptServer.instance``, owns the ``prompt_queue``, an aiohttp ``app`` and the ``routes`` table custom nodes add
@@ -24,6 +24,7 @@ import comfy.model_management
 import comfyui_version
 import execution
 import nodes
+import stand_in_version
 
 
 class _SharedPromptServer:
@@ -179,17 +180,5 @@ def _device_entry(mm, device):
             "vram_total": vram_total, "vram_free": vram_free,
             "torch_vram_total": torch_vram_total, "torch_vram_free": torch_vram_free}
 
-SYSTEM_OS = sys.platform
 
-
-class PromptServer(_SharedPromptServer):
-    """The HTTP server of one ComfyUI process (one instance, in ``PromptServer.instance``)."""
-
-    def _devices(self, mm):
-        """The devices ``GET /system_stats`` lists: the current one first, then every other."""
-        primary = mm.get_torch_device()
-        return [primary] + [d for d in mm.get_all_torch_devices() if d != primary]
-
-    def _queue_item(self, number, prompt_id, prompt, extra_data, outputs):
-        """The queue entry of a prompt: 0.27.0 adds its sensitive extra data (none here)."""
-        return (number, prompt_id, prompt, extra_data, outputs, {})
+stand_in_version.apply_layer(globals())

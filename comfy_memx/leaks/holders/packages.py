@@ -10,6 +10,8 @@ import os
 import sys
 from types import ModuleType
 
+from comfy_memx.core import comfyui
+
 CORE = "core"
 
 # ModuleType's own __dict__ getter: reading it never runs a module-level __getattr__ (lazy-import shims do).
@@ -39,43 +41,17 @@ def display_module_name(name):
 
 
 def default_comfy_root():
-    """Guess ComfyUI's root directory in this process, or ``None`` when ComfyUI is not running here.
+    """ComfyUI's own code folder in this process (``core.comfyui.comfy_root``: the tree its ``comfy`` package was
+    imported from, else main.py's folder), or ``None`` when ComfyUI is not running here.
 
-    Uses ``folder_paths.base_path`` when ComfyUI's ``folder_paths`` is already imported, else the directory of
-    ``__main__.__file__`` when that file is a ``main.py`` (how ComfyUI is started).
+    Not ``folder_paths.base_path``: with ``--base-directory`` that is the user's folder, and ComfyUI's own modules
+    (``folder_paths``, ``execution``, ``comfy.*``) would be named as packages of their own.
     """
-    folder_paths = sys.modules.get("folder_paths")
-    if isinstance(folder_paths, ModuleType):
-        base = module_namespace(folder_paths).get("base_path")
-        if isinstance(base, str) and base:
-            return base
-    main = sys.modules.get("__main__")
-    if isinstance(main, ModuleType):
-        main_file = module_namespace(main).get("__file__")
-        if isinstance(main_file, str) and os.path.basename(main_file) == "main.py":
-            return os.path.dirname(os.path.abspath(main_file))
-    return None
+    return comfyui.comfy_root()
 
 
 def _norm(path):
     return os.path.normcase(os.path.abspath(path))
-
-
-def _custom_node_dirs():
-    """Directories ComfyUI loads custom nodes from, when ComfyUI's ``folder_paths`` is already imported.
-
-    # COMFY: extra_model_paths.yaml can add custom-node directories that are not named ``custom_nodes``.
-    """
-    folder_paths = sys.modules.get("folder_paths")
-    if not isinstance(folder_paths, ModuleType):
-        return []
-    table = module_namespace(folder_paths).get("folder_names_and_paths")
-    try:
-        entry = table.get("custom_nodes") if type(table) is dict else None
-        dirs = entry[0] if entry else []
-        return [_norm(d) for d in dirs if isinstance(d, str)]
-    except Exception:
-        return []
 
 
 def _first_part_under(path, directory):
@@ -144,36 +120,19 @@ def package_of(module_or_file, comfy_root=None):
     return "?"
 
 
-def _custom_node_part(path, dirs):
-    """The custom-node package of a normalised file path (see :func:`package_of`), or ``None``."""
-    for directory in dirs:
-        part = _first_part_under(path, directory)
-        if part is not None:
-            return _strip_py(part)
-    parts = path.split(os.sep)
-    if "custom_nodes" in parts:
-        index = parts.index("custom_nodes")
-        if index + 1 < len(parts) - 1 or (index + 1 == len(parts) - 1 and parts[-1].endswith(".py")):
-            return _strip_py(parts[index + 1])
-    return None
-
-
 def custom_node_dirs():
     """ComfyUI's custom-node directories, normalised (empty before ComfyUI's ``folder_paths`` is imported)."""
-    return _custom_node_dirs()
+    return comfyui.custom_node_dirs()
 
 
 def custom_node_package_of_file(path, dirs=None):
-    """The custom-node package a source file belongs to, or ``None`` when it lies in no custom-node directory.
+    """The custom-node package a source file belongs to by where it lies (``core.comfyui.pack_of_file``: under a
+    custom-node folder, or under the target of a pack folder ComfyUI loaded through a link), whatever name its module
+    was imported under; ``None`` when it lies in no custom-node package.
 
     ``dirs`` are ComfyUI's custom-node directories (default: read now); a caller asking for many files reads them
     once."""
-    if not isinstance(path, str) or not path:
-        return None
-    dirs = _custom_node_dirs() if dirs is None else dirs
-    if "custom_nodes" not in path and not (dirs and os.path.normcase(path).startswith(tuple(dirs))):
-        return None  # the cheap test first: almost every file fails it
-    return _custom_node_part(_norm(path), dirs)
+    return comfyui.pack_of_file(path, dirs)
 
 
 def custom_node_package_of_module(name):
@@ -194,7 +153,7 @@ def custom_node_modules():
 
     .. versionadded:: 0.2
     """
-    dirs = _custom_node_dirs()
+    dirs = comfyui.custom_node_dirs()
     found = {}
     for name, module in list(sys.modules.items()):
         if not isinstance(module, ModuleType):
@@ -209,18 +168,37 @@ def custom_node_modules():
     return list(found.values())
 
 
-def custom_node_package_names():
-    """The names of the custom-node packages loaded in this process, as :func:`package_of` names them (a release
-    cuts only from the root of one of these)."""
-    return {package for _, _, package in custom_node_modules()}
+class _Loaded:
+    """The last answer of :func:`custom_node_packages` and what it was computed from."""
+    key, packages = None, frozenset()
+
+
+def custom_node_packages():
+    """The names of the custom-node packages loaded in this process, as holder chains name them: the package of
+    every module in ``sys.modules`` whose file lies in one (:func:`custom_node_modules`).
+
+    Cheap to ask often (the release engine asks it of every holder): the answer is kept until ``sys.modules``
+    changes (its size and the sum of its modules' ids, read at C speed), then computed again."""
+    modules = sys.modules
+    key = (len(modules), sum(map(id, list(modules.values()))), comfyui.custom_node_dirs())
+    if key != _Loaded.key:
+        _Loaded.packages = frozenset(package for _, _, package in custom_node_modules())
+        _Loaded.key = key
+    return _Loaded.packages
+
+
+def is_custom_node_package(name):
+    """True when ``name`` is a custom-node package loaded in this process (see :func:`custom_node_packages`);
+    ``core``, ``comfy_memx`` run from site-packages and other top-level packages are not."""
+    return name in custom_node_packages()
 
 
 def _package_of_file(path, module_name, comfy_root):
-    package = _custom_node_part(path, _custom_node_dirs())
+    package = comfyui.pack_of_file(path)
     if package is not None:
         return package
-    root = comfy_root if comfy_root is not None else default_comfy_root()
-    if root and _first_part_under(path, _norm(root)) is not None:
+    roots = (comfy_root,) if comfy_root is not None else (default_comfy_root(), comfyui.main_folder())
+    if any(root and _first_part_under(path, _norm(root)) is not None for root in roots):
         return CORE
     if isinstance(module_name, str) and module_name and "/" not in module_name and "\\" not in module_name:
         top = module_name.split(".", 1)[0]

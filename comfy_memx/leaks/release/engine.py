@@ -16,15 +16,20 @@
 5. cuts, drops every reference of its own, runs a full collection only if a model the entry held is still alive,
    empties torch's device cache (ComfyUI's ``soft_empty_cache``), hands the C allocator's free pages back to the
    kernel (``malloc_trim``, unless ``COMFY_MEMX_TRIM=0``), and reads RSS, VRAM and pinned bytes before and after;
-6. reads the weakrefs: the asked-for model dead is ``released``, alive is ``survivor`` (searched again so that the
-   receipt names the next holder); ``models`` lists every ledger model the entry held or that died with the cut
-   (``bytes``, ``died``) and ``released_bytes`` the bytes of those that died.
+6. reads the weakrefs: the asked-for model dead is ``released``, alive is ``survivor`` (searched again through the
+   search gate, ``leaks.gate``, within ``COMFY_MEMX_SEARCH_CPU`` whoever asked, so that the receipt names the next
+   holder); ``models`` lists every ledger model the entry held or that died with the cut (``bytes``, ``died``) and
+   ``released_bytes`` the bytes of those that died.
+
+When: every caller runs it through the release desk (``leaks.release.desk``), on ComfyUI's prompt worker between
+prompts; :func:`release_automatically` only queues jobs there.
 
 Each receipt is a ``release`` event, kept in the :class:`ReleaseBook` (the last :data:`KEPT`), and counted in the
 metrics.  Nothing here holds a model beyond one call; the receipt holds names and numbers only.
 """
 
 import collections
+import functools
 import gc
 import logging
 import sys
@@ -34,12 +39,13 @@ from comfy_memx.core.comfyui import running_prompt_ids
 from comfy_memx.core.process import memory_snapshot, trim
 from comfy_memx.core.state import STATE
 from comfy_memx.leaks import patterns, watch
-from comfy_memx.leaks.release import entries, reach, walk
+from comfy_memx.leaks.release import desk, entries, reach, walk
 from comfy_memx.leaks.release import plan as plans
 
 log = logging.getLogger("comfy_memx")
 
 KEPT = 64
+NEXT_HOLDER_WAIT_S = 0.5   # how long a release (on the prompt worker) waits for the search gate; then no search
 RELEASED, SURVIVOR, REFUSED, CHANGED, IN_USE, FAILED, BUSY, GONE = (
     "released", "survivor", "refused", "changed", "in_use", "failed", "busy", "gone")
 RETRIED = (IN_USE, CHANGED, BUSY)   # outcomes after which ``auto`` tries the model again at its next warning
@@ -81,9 +87,11 @@ def release(record, trigger, path=None, referrers=None, model_management=None):
         outcome = _cut(record, decision, mm, receipt)
     finally:
         searches.running.release()
-    if outcome == SURVIVOR:
-        found = watch.search_now(record)
-        receipt["next_holder"] = found.get("holder")
+    if outcome == SURVIVOR:   # through the search gate: within COMFY_MEMX_SEARCH_CPU, whoever asked
+        found = watch.search_or_say_why(record, NEXT_HOLDER_WAIT_S)
+        refused = found["search"].get("result") == "deferred"
+        receipt["next_holder"] = found.get("holder") or ({"path": None, "note": found["search"]["note"]} if refused
+                                                         else None)
     return _finish(record, receipt, outcome)
 
 
@@ -192,20 +200,37 @@ def in_comfyui_use(record, module, mm):
 
 
 def release_automatically(records):
-    """The ``auto`` policy, after ComfyUI's leak warning: release each rooted leak whose holder package is in
-    ``COMFY_MEMX_RELEASE_PACKAGES``, once (a model that was in use, or whose container changed, is tried again at
-    its next warning; a changed one is searched again first)."""
-    wanted = STATE.config.release_packages
+    """The ``auto`` policy, after ComfyUI's leak warning and when a leak it never warns about is recorded
+    (``leaks.unwarned``): queue the release of each rooted leak whose holder package is in
+    ``COMFY_MEMX_RELEASE_PACKAGES`` on the release desk (ComfyUI's prompt worker runs it between prompts; nobody
+    waits), once (a model that was in use, or whose container changed, is tried again at its next warning; a changed
+    one is searched again first, through the search gate).  Nothing is queued inside a free that releases its
+    survivors itself (``desk.releasing_here``)."""
+    if desk.auto_held():
+        return
     for record in records:
-        leak = record.leak
-        if leak is None or leak.get("stage") != "rooted" or leak.get("release") not in (None, *RETRIED):
-            continue
-        package = (leak.get("holder") or {}).get("package")
-        if package is None or (wanted != ("*",) and package not in wanted):
-            continue
-        if leak.get("release") == CHANGED:
-            watch.search_now(record)
-        release(record, "auto")
+        if _auto_wanted(record):
+            desk.submit(functools.partial(_release_automatically, record), "auto", key=record.model_id)
+
+
+def _auto_wanted(record):
+    leak = record.leak
+    if leak is None or leak.get("stage") != "rooted" or leak.get("release") not in (None, *RETRIED):
+        return False
+    wanted = STATE.config.release_packages
+    package = (leak.get("holder") or {}).get("package")
+    return package is not None and (wanted == ("*",) or package in wanted)
+
+
+def _release_automatically(record):
+    """One ``auto`` job, between prompts: the leak may have ended or been released since it was queued."""
+    if not _auto_wanted(record):
+        return None
+    if record.leak.get("release") == CHANGED:
+        found = watch.search_or_say_why(record, NEXT_HOLDER_WAIT_S)
+        if found["search"].get("result") == "deferred":
+            return None   # the gate refused: tried again at the next warning
+    return release(record, "auto")
 
 
 def _blank(record, trigger):

@@ -12,7 +12,7 @@ tell (unknown).  Nothing here touches an object: :mod:`~comfy_memx.leaks.release
 
 from comfy_memx.leaks import patterns
 from comfy_memx.leaks.holders.labels import attr_text, safe_repr
-from comfy_memx.leaks.holders.packages import custom_node_package_names, display_module_name
+from comfy_memx.leaks.holders.packages import custom_node_packages, display_module_name
 
 RELEASABLE = ("class_cache", "module_registry", "appended_list", "lru_cache")
 CUT_OPS = ("item", "index", "lru_item", "lru_entry")
@@ -64,7 +64,7 @@ def decide(referrer, steps, packages=None):
     if package in ("core", "?", None):
         return Refusal(referrer, "the container belongs to ComfyUI itself, not to a custom-node package: use POST "
                                  "/memx/free", fix)
-    if package not in (custom_node_package_names() if packages is None else packages):
+    if package not in (custom_node_packages() if packages is None else packages):
         return Refusal(referrer, f"the container belongs to {package}, which is not a custom-node package loaded in "
                                  "this process: comfy_memx cuts only from a custom-node package's own module or class",
                        fix)
@@ -81,7 +81,7 @@ def choose(referrers, steps_by_path, path=None, packages=None):
     ``path`` is not among them or there is no holder at all."""
     if path is not None:
         referrers = [ref for ref in referrers if ref.get("path") == path]
-    packages = custom_node_package_names() if packages is None else packages
+    packages = custom_node_packages() if packages is None else packages
     decisions = [decide(ref, steps_by_path.get(ref.get("path"), ()), packages) for ref in referrers]
     return next((d for d in decisions if isinstance(d, Plan)), decisions[0] if decisions else None)
 

@@ -1,4 +1,5 @@
-"""Stand-in for ComfyUI 0.27.0 ``comfy/cli_args.py`` (only the flags the memory code and main.py use).
+"""Stand-in for ComfyUI's ``comfy/cli_args.py`` (only the flags the memory code and main.py use): the flags every
+version has; the version layer adds its own and parses.
 
 Like the real module, ``sys.argv`` is parsed once, at first import, and only when
 ``comfy.options.args_parsing`` is already True; otherwise ``args`` holds the defaults for good.
@@ -8,6 +9,7 @@ Unknown options make argparse exit with status 2.
 import argparse
 
 import comfy.options
+import stand_in_version
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--listen", type=str, default="127.0.0.1", metavar="IP", nargs="?", const="0.0.0.0,::")
@@ -38,31 +40,11 @@ parser.add_argument("--verbose", default="INFO", const="DEBUG", nargs="?",
 parser.add_argument("--log-stdout", action="store_true")
 
 
-
 def parse():
     """``sys.argv`` parsed when ``comfy.options.args_parsing`` is True, else the defaults (as the real module)."""
     if comfy.options.args_parsing:
         return parser.parse_args()
     return parser.parse_args([])
 
-cache_group.add_argument("--cache-ram", nargs="*", type=float, default=[], metavar="GB")
-cache_group.add_argument("--high-ram", action="store_true")
-parser.add_argument("--disable-dynamic-vram", action="store_true")
-parser.add_argument("--enable-dynamic-vram", action="store_true")
-parser.add_argument("--fast-disk", action="store_true")
-parser.add_argument("--disable-pinned-memory", action="store_true")
 
-args = parse()
-
-if args.cache_ram is not None and len(args.cache_ram) > 2:
-    parser.error("--cache-ram accepts at most two values: active GB and inactive GB")
-
-if args.high_ram:
-    args.cache_classic = True
-
-
-def enables_dynamic_vram():
-    """Whether DynamicVRAM would be tried (it never initialises in this stand-in: there is no comfy-aimdo)."""
-    if args.enable_dynamic_vram:
-        return True
-    return not (args.disable_dynamic_vram or args.highvram or args.gpu_only or args.novram or args.cpu)
+stand_in_version.apply_layer(globals())

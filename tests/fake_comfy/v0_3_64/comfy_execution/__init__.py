@@ -1,1 +1,0 @@
-"""Test stand-in for ComfyUI's ``comfy_execution`` package."""
