@@ -17,8 +17,9 @@ workload alone, for checkpoints too large to keep on three servers at once). Aft
 server's VmRSS/RssAnon and the SHA-256 of the PNG ComfyUI's ``SaveImage`` wrote; after every prompt marked
 ``free_after`` a free (``POST /memx/free`` on the comfy_memx servers, which waits for the worker and answers a
 receipt; ComfyUI's ``POST /free`` on plain) and the RSS once it settled after it (the trough of the free cycle). At
-the end of a server's workload (whose last prompt is followed by a free): the pack's census prompt (which modules
-it witnessed are alive, after a full collection), ``GET /memx/models`` on the comfy_memx servers, then the server is
+the end of a server's workload (whose last prompt is followed by a free): on ``auto`` a wait while releases it
+queued for ComfyUI's worker are still pending in ``/memx/models`` and their number moves (no prompt comes to wake
+the worker), then the pack's census prompt (which modules it witnessed are alive, after a full collection), ``GET /memx/models`` on the comfy_memx servers, then the server is
 stopped; the logs are scanned for tracebacks and the event logs for ``release`` receipts.
 """
 
@@ -44,6 +45,7 @@ HISTORY_POLL_S = 0.02
 FREE_TIMEOUT_S = 120.0
 SETTLE_QUIET_S, SETTLE_BOUND_S, SETTLE_POLL_S = 1.5, 30.0, 0.1   # the RSS after a free: quiet this long, at most
 SETTLE_TOLERANCE = 2 * 1024 ** 2                                  # that long in all, sampled this often
+RELEASE_STALL_S, RELEASE_POLL_S = 30.0, 0.5   # after the last free: auto's queued releases, waited for while moving
 
 
 def unpack_inspire(source, work):
@@ -308,10 +310,41 @@ def _run_group(group, workload, options, deadline, report, log, finals):
         stop_servers(group, report)
 
 
+def pending_releases(rows, prompt_ids):
+    """The ``/memx/models`` rows of workload models that ``auto`` is still to release: leaked, releasable, never
+    tried (comfy_memx queues each such release for ComfyUI's prompt worker)."""
+    return [row for row in rows if isinstance(row, dict) and row.get("state") == "leaked"
+            and ((row.get("release") or {}).get("possible") and not (row.get("release") or {}).get("last"))
+            and (prompt_ids.get(((row.get("created_by") or {}) if isinstance(row.get("created_by"), dict) else {})
+                                .get("prompt_id")) is not None
+                 or prompt_ids.get((row.get("owner") or {}).get("prompt_id")) is not None)]
+
+
+def wait_for_releases(server, stall_s=RELEASE_STALL_S, poll_s=RELEASE_POLL_S):
+    """After the last free, with no prompt to come: wait while ``auto`` still has releases queued for the worker and
+    their number keeps moving (at most ``stall_s`` seconds without a change). Returns what was pending at the start
+    and at the end and how long it waited (a release the worker is never woken for stays pending: the census then
+    counts its model)."""
+    started = last_change = time.monotonic()
+    first = last = None
+    while True:
+        status, rows = drive.http_call("GET", f"{server.url}/memx/models", timeout=30.0)
+        pending = len(pending_releases(rows, server.prompt_ids)) if status == 200 and isinstance(rows, list) else None
+        first = pending if first is None else first
+        if pending != last:
+            last, last_change = pending, time.monotonic()
+        if pending == 0 or time.monotonic() - last_change >= stall_s or not server.comfy.alive():
+            return {"pending_at_start": first, "pending_at_end": pending,
+                    "waited_s": round(time.monotonic() - started, 2)}
+        time.sleep(poll_s)
+
+
 def final_checks(server, options, deadline):
-    """After the workload (whose last prompt was followed by a free): the census prompt, the RSS after it, and
-    ``GET /memx/models`` on a comfy_memx server."""
+    """After the workload (whose last prompt was followed by a free): on ``auto`` the wait for its releases, then
+    the census prompt, the RSS after it, and ``GET /memx/models`` on a comfy_memx server."""
     final = {}
+    if server.label == "auto":
+        final["release_wait"] = wait_for_releases(server)
     nonce = options.prompts + 1
     item = {"index": nonce, "kind": "census", "prompt": keeps_census_prompt(nonce)}
     record, entry = run_prompt(server, item, time.monotonic() + max(5.0, min(120.0, deadline - 60.0
@@ -337,26 +370,28 @@ def keeps_census_of(entry):
 
 
 def models_after(rows, prompt_ids):
-    """The ``/memx/models`` rows alive at the end that a workload prompt loaded (its ``owner.prompt_id`` is one of
-    ``prompt_ids``, ComfyUI prompt id -> workload index): how many, by model class and state, and the first few."""
+    """The ``/memx/models`` rows alive at the end that a workload prompt built or loaded (the ``prompt_id`` of their
+    ``created_by`` or ``owner`` is one of ``prompt_ids``, ComfyUI prompt id -> workload index): how many, by model
+    class, state and the package that built them, and the first few."""
     mine = []
     for row in rows:
         if not isinstance(row, dict):
             continue
-        index = prompt_ids.get((row.get("owner") or {}).get("prompt_id"))
+        created_by = row.get("created_by") if isinstance(row.get("created_by"), dict) else {}
+        index = prompt_ids.get(created_by.get("prompt_id"), prompt_ids.get((row.get("owner") or {}).get("prompt_id")))
         if index is None:
             continue
         mine.append({"model_id": row.get("model_id"), "model": row.get("model"), "state": row.get("state"),
                      "bytes": row.get("bytes"), "prompt_index": index,
-                     "created_by": row.get("created_by"),
+                     "created_by": created_by.get("package"),
                      "found_by": (row.get("leak") or {}).get("found_by"),
                      "holder_package": ((row.get("leak") or {}).get("holder") or {}).get("package"),
                      "release": (row.get("release") or {}).get("last")})
-    by_model, by_state = {}, {}
+    counts = {"by_model": {}, "by_state": {}, "by_creator": {}}
     for row in mine:
-        by_model[str(row["model"])] = by_model.get(str(row["model"]), 0) + 1
-        by_state[str(row["state"])] = by_state.get(str(row["state"]), 0) + 1
-    return {"rows": len(rows), "from_workload": len(mine), "by_model": by_model, "by_state": by_state,
+        for key, field in (("by_model", "model"), ("by_state", "state"), ("by_creator", "created_by")):
+            counts[key][str(row[field])] = counts[key].get(str(row[field]), 0) + 1
+    return {"rows": len(rows), "from_workload": len(mine), **counts,
             "prompt_indices": sorted({row["prompt_index"] for row in mine}), "examples": mine[:8]}
 
 
@@ -385,4 +420,5 @@ def summarize_keeps_server(server, final):
         summary["events"] = validate_event_file(server.events_path)
         summary["releases"] = release_events(server.events_path)
         summary["models_after"] = final.get("models_after")
+        summary["release_wait"] = final.get("release_wait")
     return summary

@@ -6,7 +6,9 @@ The rules (``KEEPS_*`` in :mod:`bench.soak.config`):
 
 * survivors: every prompt's model is older than the last free (the workload's last prompt is followed by one). With
   release (``auto``) none of them may be alive at the end, neither in the pack's census (the witnessed modules,
-  after a full collection) nor among ``/memx/models``'s rows that a workload prompt loaded. Without release
+  after a full collection) nor among ``/memx/models``'s rows that a workload prompt built or loaded; the census runs
+  once no release ``auto`` queued is pending any more, or their number stopped moving for 30 s (no prompt comes to
+  wake ComfyUI's worker: what an idle server gives back after a free). Without release
   (``off``) the census shows exactly what the packs hold (every key of an unbounded cache, Inspire-Pack's newest
   five) and ``/memx/models`` at least one row per held key; ``plain`` (caches off) holds none;
 * RSS growth of a server, at the troughs of the free cycles: its VmRSS once settled after each free (ComfyUI's
@@ -135,6 +137,7 @@ def _server_figures(server, items, label):
                "rss_growth": growth, "window": [low, high]}
     if label != "plain":
         figures["rows"] = rows_survivors(server.get("models_after"), items, label)
+        figures["release_wait"] = server.get("release_wait")
     return figures
 
 
@@ -208,9 +211,12 @@ def _survivor_targets(targets, per):
     """auto: nothing older than the last free alive (census and /memx/models); off holds what the packs keep; plain
     holds nothing."""
     auto_census, auto_rows = per["auto"]["census"], per["auto"]["rows"]
+    wait = per["auto"].get("release_wait") or {}
     targets.add("survivors older than the last free on auto, by the pack's census", auto_census.get("stale"), 0,
                 bool(auto_census.get("ok")), note=auto_census.get("error") or (
-                    f"first: {auto_census.get('stale_keys')[:5]}" if auto_census.get("stale") else None))
+                    f"first: {auto_census.get('stale_keys')[:5]}; releases still queued after the last free: "
+                    f"{wait.get('pending_at_end')} of {wait.get('pending_at_start')} after {wait.get('waited_s')} s"
+                    if auto_census.get("stale") else None))
     targets.add("survivors older than the last free on auto, by /memx/models", auto_rows.get("rows"), 0,
                 bool(auto_rows.get("ok")), note=auto_rows.get("error") or (
                     f"by model {auto_rows.get('by_model')}" if auto_rows.get("rows") else None))

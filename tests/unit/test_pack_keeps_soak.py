@@ -321,12 +321,17 @@ def test_summary_names_every_server_and_target():
 
 def test_models_after_keeps_the_workloads_rows_only():
     rows = [{"model_id": "BaseModel#1", "model": "BaseModel", "state": "leaked", "owner": {"prompt_id": "p1"},
+             "created_by": {"prompt_id": "p1", "package": "memx_keeps_nodes"},
              "leak": {"found_by": "after_free", "holder": {"package": "memx_keeps_nodes"}}},
             {"model_id": "SD1ClipModel#1", "model": "SD1ClipModel", "state": "offloaded", "owner": {"prompt_id": "x"}},
-            {"model_id": "TAESD#1", "model": "TAESD", "state": "offloaded", "owner": {"prompt_id": "p2"}}]
+            {"model_id": "TAESD#1", "model": "TAESD", "state": "offloaded", "owner": {"prompt_id": "p2"},
+             "created_by": None},
+            {"model_id": "BaseModel#2", "model": "BaseModel", "state": "built", "owner": {"prompt_id": "x"},
+             "created_by": {"prompt_id": "p2", "package": "ComfyUI-Inspire-Pack"}}]
     summary = keeps.models_after(rows, {"p1": 0, "p2": 1})
-    assert (summary["rows"], summary["from_workload"]) == (3, 2)
-    assert summary["by_model"] == {"BaseModel": 1, "TAESD": 1}
+    assert (summary["rows"], summary["from_workload"]) == (4, 3)
+    assert summary["by_model"] == {"BaseModel": 2, "TAESD": 1}
+    assert summary["by_creator"] == {"memx_keeps_nodes": 1, "None": 1, "ComfyUI-Inspire-Pack": 1}
     assert summary["examples"][0]["holder_package"] == "memx_keeps_nodes"
 
 
@@ -404,3 +409,14 @@ def test_a_cut_entry_is_loaded_again(stub_comfy):
     node.load(KEEPS_CHECKPOINT_NAME, "a")
     assert loads == [KEEPS_CHECKPOINT_NAME, KEEPS_CHECKPOINT_NAME]
     assert list(node_pack.CHECKPOINTS) == ["a"]
+
+
+def test_pending_releases_are_the_workloads_releasable_leaks_never_tried():
+    def row(prompt, state="leaked", possible=True, last=None, by_creator=True):
+        return {"state": state, "owner": {"prompt_id": "x" if by_creator else prompt},
+                "created_by": {"prompt_id": prompt} if by_creator else None,
+                "release": {"possible": possible, "last": last}}
+
+    rows = [row("p1"), row("p2", by_creator=False), row("p1", last={"outcome": "refused"}), row("p1", possible=False),
+            row("p1", state="offloaded"), row("other"), {"state": "leaked", "release": None}]
+    assert keeps.pending_releases(rows, {"p1": 0, "p2": 1}) == rows[:2]
