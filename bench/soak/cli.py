@@ -50,6 +50,14 @@ def _fraction(text):
     return value
 
 
+def _memx_setting(text):
+    name, sep, value = text.partition("=")
+    if not sep or not name.startswith("COMFY_MEMX_") or name in ("COMFY_MEMX_RELEASE", "COMFY_MEMX_EVENTS"):
+        raise argparse.ArgumentTypeError(f"expected COMFY_MEMX_<NAME>=VALUE (not COMFY_MEMX_RELEASE or "
+                                         f"COMFY_MEMX_EVENTS, which the soak sets per server), got {text!r}")
+    return name, value
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="python -m bench.soak",
@@ -107,6 +115,9 @@ def build_parser():
                         help="pack-keeps: also run ComfyUI-Inspire-Pack (its .tar.xz archive or an unpacked folder): "
                              "every third prompt keeps its checkpoint through CheckpointLoaderSimpleShared //Inspire "
                              "(the server's interpreter needs the pack's requirements)")
+    parser.add_argument("--memx-env", action="append", default=[], type=_memx_setting, metavar="NAME=VALUE",
+                        help="pack-keeps: one more COMFY_MEMX_* setting for the comfy_memx servers (off and auto), "
+                             "e.g. COMFY_MEMX_SEARCH_CPU=30; repeatable")
     parser.add_argument("--sequential", action="store_true",
                         help="pack-keeps: run the servers one after the other, each the whole workload alone (for a "
                              "checkpoint too large to keep on three servers at once)")
@@ -125,8 +136,8 @@ def parse_args(argv=None):
         parser.error("--no-plain: the release workload always runs its four servers side by side")
     if options.workload == WORKLOAD_PACK_KEEPS and options.no_plain:
         parser.error("--no-plain: the pack-keeps workload always runs its three servers")
-    if options.workload != WORKLOAD_PACK_KEEPS and (options.inspire or options.sequential):
-        parser.error("--inspire and --sequential belong to --workload pack-keeps")
+    if options.workload != WORKLOAD_PACK_KEEPS and (options.inspire or options.sequential or options.memx_env):
+        parser.error("--inspire, --sequential and --memx-env belong to --workload pack-keeps")
     if options.inspire is not None and not os.path.exists(options.inspire):
         parser.error(f"--inspire {options.inspire}: no such archive or folder")
     if options.workload == WORKLOAD_RELEASE and options.reuse_every < 2:

@@ -105,11 +105,13 @@ def keeps_packages(inspire):
     return ",".join([KEEPS_PACK_NAME] + ([INSPIRE_PACK_NAME] if inspire else []))
 
 
-def keeps_server_env(label, leak_mode, events_path, inspire):
-    """The environment variables that make server ``label`` what the module docstring says it is."""
+def keeps_server_env(label, leak_mode, events_path, inspire, settings=()):
+    """The environment variables that make server ``label`` what the module docstring says it is (the comfy_memx
+    ones also get ``settings``, ``(name, value)`` pairs of ``--memx-env``)."""
     if label == "plain":
         return {KEEPS_CACHE_SWITCH: "off"}
-    env = {"COMFY_MEMX_LEAK_MODE": leak_mode, "COMFY_MEMX_EVENTS": events_path, "COMFY_MEMX_RELEASE": label}
+    env = {"COMFY_MEMX_LEAK_MODE": leak_mode, **dict(settings), "COMFY_MEMX_EVENTS": events_path,
+           "COMFY_MEMX_RELEASE": label}
     if label == "auto":
         env["COMFY_MEMX_RELEASE_PACKAGES"] = keeps_packages(inspire)
     return env
@@ -139,7 +141,8 @@ class KeepsServer(SoakProcess):
         env = drive.inherited_env()
         env.pop(KEEPS_CACHE_SWITCH, None)
         env.update(extra)
-        env.update(keeps_server_env(label, options.leak_mode, self.events_path, bool(options.inspire)))
+        env.update(keeps_server_env(label, options.leak_mode, self.events_path, bool(options.inspire),
+                                    getattr(options, "memx_env", ())))
         env["PYTHONUNBUFFERED"] = "1"
         self.env_set = {k: v for k, v in env.items() if k.startswith(("COMFY_MEMX", "MEMX_"))}
         self.launch(argv, env, options, base, port, self.events_path)
@@ -244,6 +247,7 @@ def keeps_report(options, workload, loaders):
                          "loaders": list(loaders), "free_every": options.free_every,
                          "frees": sum(1 for item in workload if item["free_after"]),
                          "servers": list(KEEPS_SERVERS), "sequential": bool(options.sequential),
+                         "memx_env": dict(getattr(options, "memx_env", ())),
                          "held_at_end_without_release": len(held_keys(workload)),
                          "entries_to_release": entries_to_release(workload),
                          "order": "one server after the other, each running every prompt" if options.sequential

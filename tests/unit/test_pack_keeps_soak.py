@@ -55,6 +55,10 @@ def test_inspire_adds_its_loader_and_package(tree, tmp_path):
 
 
 @pytest.mark.parametrize("args", [["--workload", "pack-keeps", "--no-plain"], ["--sequential"],
+                                  ["--memx-env", "COMFY_MEMX_TRIM=0"],
+                                  ["--workload", "pack-keeps", "--memx-env", "SEARCH_CPU=30"],
+                                  ["--workload", "pack-keeps", "--memx-env", "COMFY_MEMX_RELEASE=ask"],
+                                  ["--workload", "pack-keeps", "--memx-env", "COMFY_MEMX_TRIM"],
                                   ["--inspire", "/nonexistent.tar.xz"],
                                   ["--workload", "pack-keeps", "--inspire", "/nonexistent.tar.xz"],
                                   ["--workload", "pack-keeps", "--free-every", "0"]])
@@ -72,6 +76,16 @@ def test_server_environments():
     auto = keeps.keeps_server_env("auto", "report", "/e.jsonl", True)
     assert auto["COMFY_MEMX_RELEASE"] == "auto"
     assert auto["COMFY_MEMX_RELEASE_PACKAGES"] == "memx_keeps_nodes,ComfyUI-Inspire-Pack"
+    tuned = keeps.keeps_server_env("off", "strict", "/e.jsonl", False, [("COMFY_MEMX_SEARCH_CPU", "30")])
+    assert tuned == {**off, "COMFY_MEMX_SEARCH_CPU": "30"}
+    assert keeps.keeps_server_env("plain", "strict", None, False, [("COMFY_MEMX_SEARCH_CPU", "30")]) == {
+        "MEMX_KEEPS_NODES_CACHE": "off"}
+
+
+def test_memx_env_takes_comfy_memx_settings_only(tree):
+    options = soak.parse_args(["--comfyui", tree, "--workload", "pack-keeps", "--memx-env", "COMFY_MEMX_SEARCH_CPU=30",
+                               "--memx-env", "COMFY_MEMX_TRIM=0"])
+    assert options.memx_env == [("COMFY_MEMX_SEARCH_CPU", "30"), ("COMFY_MEMX_TRIM", "0")]
 
 
 # ---------------------------------------------------------------------------------------------------------------
