@@ -7,6 +7,7 @@ given back per holding package."""
 
 import pytest
 
+from bench.harness.waits import always, no_progress, wait_until_async
 from comfy_memx.cli import report
 from test_release_routes import leak_one, post, release_path
 from test_routes import leaky, serve
@@ -80,7 +81,13 @@ def test_an_automatic_release_shows_in_the_released_list_the_timeline_and_the_re
 
     async def scenario(comfy):
         await comfy.run(leaky("auto", leak=True))
-        await comfy.run(leaky("other"))    # ComfyUI warns: auto cuts at once
+        await comfy.run(leaky("other"))    # ComfyUI warns: auto queues the release for the worker's next pause
+
+        async def released():
+            _, answer = await comfy.get_json("/memx/releases")
+            return bool(answer["releases"])
+
+        await wait_until_async(released, always, no_progress, "the auto release between prompts", poll_s=0.02)
         return await read_views(comfy)
 
     releases, marks, rows, _ = serve(version, tmp_path, scenario, release="auto", release_packages="leaky_pack",
