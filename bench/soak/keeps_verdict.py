@@ -276,7 +276,7 @@ def format_keeps_summary(report):
     lines = [f"pack-keeps soak: ComfyUI {report.get('comfyui_version')} ({report.get('comfyui')}), comfy_memx "
              f"{(servers.get('auto') or {}).get('log', {}).get('comfy_memx_version')}, {report.get('prompts')} "
              f"prompts per server, loaders {'/'.join(workload.get('loaders') or [])}, a free after every "
-             f"{workload.get('free_every')}th ({workload.get('frees')} frees), checkpoint "
+             f"{workload.get('free_every')} prompts and the last ({workload.get('frees')} frees), checkpoint "
              f"{report.get('checkpoint')}, models of {format_value(_mib(figures.get('model_bytes')), 1)} MiB, "
              f"{format_value(report.get('wall_s'), 0)} s, load average "
              f"{format_value((report.get('loadavg_1m_during') or {}).get('median'), 1)}"]
