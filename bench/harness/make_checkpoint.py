@@ -444,8 +444,8 @@ def main(argv=None):
     if opts.verify_load:
         verify_load(opts.out, clip)
     summary = {"path": os.path.abspath(opts.out), "bytes": size, "tensors": n_tensors, "parameters": n_params,
-               "seed": opts.seed, "arch": opts.arch, "clip": clip, "comfyui_version": version, "torch": torch.__version__,
-               "seconds": round(time.monotonic() - started, 1)}
+               "seed": opts.seed, "arch": opts.arch, "clip": clip, "comfyui_version": version,
+               "torch": torch.__version__, "seconds": round(time.monotonic() - started, 1)}
     print(json.dumps(summary), flush=True)
     return 0
 

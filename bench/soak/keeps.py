@@ -19,8 +19,9 @@ server's VmRSS/RssAnon and the SHA-256 of the PNG ComfyUI's ``SaveImage`` wrote;
 receipt; ComfyUI's ``POST /free`` on plain) and the RSS once it settled after it (the trough of the free cycle). At
 the end of a server's workload (whose last prompt is followed by a free): on ``auto`` a wait while releases it
 queued for ComfyUI's worker are still pending in ``/memx/models`` and their number moves (no prompt comes to wake
-the worker), then the pack's census prompt (which modules it witnessed are alive, after a full collection), ``GET /memx/models`` on the comfy_memx servers, then the server is
-stopped; the logs are scanned for tracebacks and the event logs for ``release`` receipts.
+the worker), then the pack's census prompt (which modules it witnessed are alive, after a full collection),
+``GET /memx/models`` on the comfy_memx servers, then the server is stopped; the logs are scanned for tracebacks
+and the event logs for ``release`` receipts.
 """
 
 import hashlib

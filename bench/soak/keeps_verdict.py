@@ -8,15 +8,15 @@ The rules (``KEEPS_*`` in :mod:`bench.soak.config`):
   release (``auto``) none of them may be alive at the end, neither in the pack's census (the witnessed modules,
   after a full collection) nor among ``/memx/models``'s rows that a workload prompt built or loaded; the census runs
   once no release ``auto`` queued is pending any more, or their number stopped moving for 30 s (no prompt comes to
-  wake ComfyUI's worker: what an idle server gives back after a free). Without release
-  (``off``) the census shows exactly what the packs hold (every key of an unbounded cache, Inspire-Pack's newest
-  five) and ``/memx/models`` at least one row per held key; ``plain`` (caches off) holds none;
+  wake ComfyUI's worker: what an idle server gives back after a free). Without release (``off``) the census shows
+  exactly what the packs hold (every key of an unbounded cache, Inspire-Pack's newest five) and ``/memx/models`` at
+  least one row per held key; ``plain`` (caches off) holds none;
 * RSS growth of a server, at the troughs of the free cycles: its VmRSS once settled after each free (ComfyUI's
   cache is empty then, so the troughs hold the process, what the packs keep and what the allocator kept); growth =
   the median of the last ``KEEPS_RSS_WINDOW`` troughs minus the median of the first ones (fewer troughs: half of
-  them each). With release: growth <= plain's growth +
-  ``KEEPS_RSS_SLACK_MODELS`` models' bytes (a model's bytes: its UNet, VAE and CLIP as the witness measured them in
-  the server). Without release: growth >= ``KEEPS_KEPT_RSS_FRACTION`` of the bytes the packs came to hold more
+  them each). With release: growth <= plain's growth + ``KEEPS_RSS_SLACK_MODELS`` models' bytes (a model's bytes:
+  its UNet, VAE and CLIP as the witness measured them in the server). Without release: growth >=
+  ``KEEPS_KEPT_RSS_FRACTION`` of the bytes the packs came to hold more
   between the middle troughs of the two windows;
 * images: for every prompt the three servers' PNG files have the same SHA-256;
 * releases: ``auto``'s event log holds a ``release`` receipt with outcome ``released`` (its model died) for at least
@@ -36,6 +36,7 @@ from bench.soak.keeps_workload import KEEP, held_keys
 from bench.soak.measurements import format_value, paired_median_ratio
 from bench.soak.release_verdict import compare_images
 from bench.soak.verdict import Targets, table_lines, target_lines
+
 
 def troughs(server):
     """``[(prompt index, VmRSS)]``: the server's RSS once settled after each free (the free that followed that
@@ -251,7 +252,8 @@ def _rss_targets(targets, figures):
     growth = {label: per[label]["rss_growth"] for label in KEEPS_SERVERS}
     model = figures["model_bytes"]
     limit = None if growth["plain"] is None or model is None else growth["plain"] + KEEPS_RSS_SLACK_MODELS * model
-    targets.add(f"RSS growth with release (auto) <= plain's + {KEEPS_RSS_SLACK_MODELS} models, MiB", _mib(growth["auto"]),
+    targets.add(f"RSS growth with release (auto) <= plain's + {KEEPS_RSS_SLACK_MODELS} models, MiB",
+                _mib(growth["auto"]),
                 None if limit is None else round(limit / MIB, 1),
                 None if growth["auto"] is None or limit is None else growth["auto"] <= limit,
                 note=f"a model {_mib(model)} MiB; troughs {len(per['auto']['troughs'])}")
@@ -285,7 +287,8 @@ def format_keeps_summary(report):
     auto_r = (figures.get("releases") or {}).get("auto") or {}
     lines += ["", "latency ratios (median of paired prompts): "
               + ", ".join(f"{k} {format_value(v)}" for k, v in ratios.items()),
-              "auto's receipts by pattern: " + ", ".join(f"{k} {v}" for k, v in (auto_r.get("by_pattern") or {}).items())
+              "auto's receipts by pattern: "
+              + ", ".join(f"{k} {v}" for k, v in (auto_r.get("by_pattern") or {}).items())
               + "; by trigger: " + ", ".join(f"{k} {v}" for k, v in (auto_r.get("by_trigger") or {}).items())]
     return "\n".join(lines + target_lines(report.get("targets") or []))
 

@@ -44,10 +44,10 @@ def keeps_prompt(workflow, index, loader, key):
 
 
 def build_keeps_workload(prompts, loaders=("dict", "lru"), free_every=10, workflow=None):
-    """The prompts of a ``pack-keeps`` run, in order: dicts with ``index``, ``kind`` (``keep``), ``loader`` (a name of ``KEEPS_LOADERS``,
-    the next of ``loaders`` in turn), ``key``, ``prompt`` (what the comfy_memx servers run), ``plain_prompt`` (plain
-    ComfyUI's: the same with Inspire-Pack's loader replaced by the pack's dict loader, which keeps nothing there) and
-    ``free_after`` (a free follows this prompt: every ``free_every``-th and the last)."""
+    """The prompts of a ``pack-keeps`` run, in order: dicts with ``index``, ``kind`` (``keep``), ``loader`` (a name
+    of ``KEEPS_LOADERS``, the next of ``loaders`` in turn), ``key``, ``prompt`` (what the comfy_memx servers run),
+    ``plain_prompt`` (plain ComfyUI's: the same with Inspire-Pack's loader replaced by the pack's dict loader, which
+    keeps nothing there) and ``free_after`` (a free follows this prompt: every ``free_every``-th and the last)."""
     if free_every < 1:
         raise ValueError(f"free_every must be >= 1, got {free_every}")
     unknown = [loader for loader in loaders if loader not in KEEPS_LOADERS]

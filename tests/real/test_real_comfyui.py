@@ -1277,8 +1277,8 @@ def test_two_real_servers_hand_over_and_an_idle_one_unloads(tree, memx_importabl
 @needs_real_comfyui
 @pytest.mark.parametrize("tree", real_trees)
 def test_small_checkpoint_samples_in_each_tree(tree, small_checkpoint):
-    """The small checkpoint (built once, by the first tree) is what every tree's own loader takes: CheckpointLoaderSimple
-    detects it as SD1.5 and builds a model, CLIP-L and TAESD, and CLIPTextEncode, one KSampler step at 64x64 and
+    """The small checkpoint (built once, by the first tree) is what every tree's own loader takes:
+    CheckpointLoaderSimple detects it as SD1.5 and builds a model, CLIP-L and TAESD, and CLIPTextEncode, one KSampler step at 64x64 and
     VAEDecode run on CPU (``make_checkpoint.py --verify-only`` in the tree)."""
     path = small_checkpoint(tree)
     result = subprocess.run([configured_python(), drive.MAKE_CHECKPOINT, "--verify-only", "--arch", "small", "--tree",

@@ -17,9 +17,9 @@ comfy_memx's release) is loaded again from the file, which gives the same weight
 ``MEMX_KEEPS_NODES_CACHE=off`` they keep nothing (the dict is not written, the undecorated function is called): the
 pack once its author fixed the leak, which the soak runs on plain ComfyUI as the memory baseline.
 
-``MemxKeepsWitness`` passes a MODEL and a VAE through unchanged and notes their torch modules (and the CLIP's, when the
-checkpoint had one) by weak reference under the prompt's key, whichever loader built them (this pack's or another pack's, such as Inspire-Pack's); it also notes
-the modules' bytes. ``MemxKeepsCensus`` reports, from inside the server after a full collection, which noted modules
+``MemxKeepsWitness`` passes a MODEL and a VAE through unchanged and notes their torch modules (and the CLIP's, when
+the checkpoint had one) by weak reference under the prompt's key, whichever loader built them (this pack's or
+another pack's, such as Inspire-Pack's); it also notes the modules' bytes. ``MemxKeepsCensus`` reports, from inside the server after a full collection, which noted modules
 are alive (by key) and how many of ComfyUI's ModelPatcher and BaseModel objects exist: the ground truth for
 survivors, independent of comfy_memx. Nothing in this pack but the two caches holds a model.
 
