@@ -338,6 +338,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PACK_SOURCES = {NODE_PACK_NAME: NODE_PACK_SOURCE,
                 "memx_unload_nodes": os.path.join(HERE, "memx_unload_nodes")}
 CHECKPOINT_NAME = "memx_sd15_random.safetensors"
+SMALL_CHECKPOINT_NAME = "memx_small_random.safetensors"                # --arch small: one-level UNet, CLIP-L, TAESD
+SMALL_NO_CLIP_CHECKPOINT_NAME = "memx_small_noclip_random.safetensors"  # the same without the text encoder
 DEFAULT_WORKFLOW = os.path.join(HERE, "workflows", "default_t2i.json")
 MAKE_CHECKPOINT = os.path.join(HERE, "make_checkpoint.py")
 BASE_SUBDIRS = ("custom_nodes", "input", "output", "temp", "user", os.path.join("models", "checkpoints"))
@@ -387,8 +389,10 @@ def base_dir_args(tree, base):
     return args
 
 
-def ensure_checkpoint(python, tree, path, timeout=900):
-    """Return ``path`` after building the random-weight SD1.5 checkpoint there with make_checkpoint.py if absent.
+def ensure_checkpoint(python, tree, path, timeout=900, arch="sd15", clip=True):
+    """Return ``path`` after building the random-weight checkpoint there with make_checkpoint.py if absent: SD1.5
+    (``arch`` ``sd15``) or the small one of the same family (``small``), without its text encoder when ``clip`` is
+    false.
 
     Built into ``<path>.<pid>.partial`` and renamed, so a cache never holds half a file.
     """
@@ -397,7 +401,8 @@ def ensure_checkpoint(python, tree, path, timeout=900):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     partial = f"{path}.{os.getpid()}.partial"
     try:
-        result = subprocess.run([python, MAKE_CHECKPOINT, "--tree", os.path.abspath(tree), "--out", partial],
+        command = [python, MAKE_CHECKPOINT, "--tree", os.path.abspath(tree), "--out", partial, "--arch", arch]
+        result = subprocess.run(command + ([] if clip else ["--no-clip"]),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
                                 cwd=os.path.dirname(os.path.abspath(path)), env=inherited_env())
         if result.returncode != 0 or not os.path.isfile(partial):

@@ -4,7 +4,8 @@
 
     python -m bench.soak --comfyui PATH [--python PY] [--prompts N] [--leak-mode strict|report|off] [--check]
                          [--json OUT] [--checkpoint FILE] [--port-base P] [--timeout S] [--no-plain]
-                         [--workload reuse|new-leaks|release] [--reuse-every K] [--features F] [--depth D]
+                         [--workload reuse|new-leaks|release|pack-keeps] [--reuse-every K] [--features F]
+                         [--depth D] [--free-every K] [--latency-target X] [--inspire ARCHIVE] [--sequential]
                          [--work-dir DIR] [--keep]
 
 Standard library only (``bench.harness.drive`` starts, drives and stops the servers); the
@@ -65,11 +66,24 @@ list) and every ``--reuse-every``-th prompt repeating an old one. It reports sur
 against the leaked bytes, the SHA-256 of every saved image, the paired latency ratio and the ``release`` receipts;
 its rules are in :mod:`bench.soak.release_verdict`.
 
+``--workload pack-keeps`` (default 100 prompts, a free after every ``--free-every``-th and the last) is another
+(:mod:`bench.soak.keeps`): three servers (plain ComfyUI with the packs' caches off, comfy_memx with
+``COMFY_MEMX_RELEASE=off`` and with ``auto`` for the packs), every prompt making a pack keep a new ``(model, clip,
+vae)`` built by ComfyUI's own checkpoint loader (``bench/harness/memx_keeps_nodes``, and ComfyUI-Inspire-Pack with
+``--inspire``) on the small checkpoint of ``make_checkpoint.py --arch small`` (or ``--checkpoint``). It reports
+survivors older than the last free by the pack's census and by ``/memx/models``, RSS growth at the troughs of the
+free cycles against plain's and against what the packs kept, the SHA-256 of every saved image and the ``release``
+receipts; its rules are in :mod:`bench.soak.keeps_verdict`.
+
+``--latency-target`` sets the median latency memx/plain that the default workloads judge (1.10; the strict-mode
+figure of release notes is judged against 1.05: ``--latency-target 1.05``).
+
 The package, one module a job: ``config`` (what a run is made of, the targets), ``workload`` (the prompts),
 ``servers`` (base folders, starting and stopping both servers, running prompts, pollers, frees, final checks),
 ``measurements`` (statistics, log and event-log scanning, /proc memory), ``verdict`` (survivors, census, targets,
 exit status, summary), ``release_workload``, ``release`` and ``release_verdict`` (the release soak's prompts,
-servers and verdict), ``cli`` (options and ``main``); ``python -m bench.soak`` runs :func:`bench.soak.cli.main`.
+servers and verdict), ``keeps_workload``, ``keeps`` and ``keeps_verdict`` (the pack-keeps soak's), ``cli`` (options
+and ``main``); ``python -m bench.soak`` runs :func:`bench.soak.cli.main`.
 """
 
 from bench.soak.cli import main, parse_args  # noqa: F401

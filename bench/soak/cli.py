@@ -10,14 +10,16 @@ import signal
 import sys
 import time
 
-from bench.soak.config import (HERE, LEAK_MODES, PERF_CHECK_MIN_PROMPTS, ROOT, WORKLOADS, WORKLOAD_RELEASE,
-                               WORKLOAD_REUSE)
+from bench.soak.config import (HERE, LATENCY_TARGET, LEAK_MODES, PERF_CHECK_MIN_PROMPTS, ROOT, WORKLOADS,
+                               WORKLOAD_PACK_KEEPS, WORKLOAD_RELEASE, WORKLOAD_REUSE)
+from bench.soak.keeps import run_keeps_soak
+from bench.soak.keeps_verdict import analyse as analyse_keeps, evaluate_keeps, format_keeps_summary
 from bench.soak.release import run_release_soak
 from bench.soak.release_verdict import analyse, evaluate_release, format_release_summary
 from bench.soak.verdict import compare_rss, evaluate, exit_status, format_summary
 from bench.soak.servers import check_importable, run_soak
 
-DEFAULT_PROMPTS = {WORKLOAD_RELEASE: 300}
+DEFAULT_PROMPTS = {WORKLOAD_RELEASE: 300, WORKLOAD_PACK_KEEPS: 100}
 
 
 def _positive_int(text):
@@ -48,6 +50,14 @@ def _fraction(text):
     return value
 
 
+def _memx_setting(text):
+    name, sep, value = text.partition("=")
+    if not sep or not name.startswith("COMFY_MEMX_") or name in ("COMFY_MEMX_RELEASE", "COMFY_MEMX_EVENTS"):
+        raise argparse.ArgumentTypeError(f"expected COMFY_MEMX_<NAME>=VALUE (not COMFY_MEMX_RELEASE or "
+                                         f"COMFY_MEMX_EVENTS, which the soak sets per server), got {text!r}")
+    return name, value
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="python -m bench.soak",
@@ -56,18 +66,23 @@ def build_parser():
     parser.add_argument("--python", default=sys.executable, metavar="PY",
                         help="interpreter that runs ComfyUI and can import comfy_memx (default: this one)")
     parser.add_argument("--prompts", type=_positive_int, metavar="N",
-                        help="prompts per server (500; 300 with --workload release)")
+                        help="prompts per server (500; 300 with --workload release, 100 with pack-keeps)")
     parser.add_argument("--leak-mode", choices=LEAK_MODES, default="strict", help="comfy_memx leak mode (strict)")
     parser.add_argument("--workload", choices=WORKLOADS, default=WORKLOAD_REUSE,
                         help="reuse: six slots keep leaking the same few models (default); new-leaks: every prompt "
                              "leaks a model never seen before (the cost of strict mode per new leak); release: four "
                              "servers (plain, the fixed pack, comfy_memx with release off and auto) on the release "
-                             "pack, every prompt leaking a new model through one of its caches")
+                             "pack, every prompt leaking a new model through one of its caches; pack-keeps: three "
+                             "servers (plain, comfy_memx with release off and auto) where every prompt makes a pack "
+                             "keep a new checkpoint loaded by ComfyUI's own loader, a free after every "
+                             "--free-every-th")
     parser.add_argument("--check", action="store_true",
                         help="exit status 1 when a hard target is missed (performance targets too at >= "
                              f"{PERF_CHECK_MIN_PROMPTS} prompts)")
     parser.add_argument("--json", metavar="OUT", help="report file (default bench/results/soak-<time>.json)")
-    parser.add_argument("--checkpoint", metavar="FILE", help="SD1.5 checkpoint (default: built once into a cache)")
+    parser.add_argument("--checkpoint", metavar="FILE",
+                        help="SD1.5 checkpoint (default: built once into a cache); pack-keeps: the checkpoint the "
+                             "packs load every prompt (default: the small one without CLIP, built once)")
     parser.add_argument("--port-base", type=_port, metavar="P", help="memx on P, plain on P+1 (default: free ports)")
     parser.add_argument("--timeout", type=_positive_float, metavar="S",
                         help="bound on the whole run in seconds, stopping the servers included (default 900 + 30 "
@@ -77,7 +92,10 @@ def build_parser():
     parser.add_argument("--poll-interval", type=_positive_float, default=2.0, metavar="S",
                         help="seconds between GET /memx/models + /metrics polls of each server (2)")
     parser.add_argument("--free-every", type=_positive_int, default=10, metavar="K",
-                        help="POST /memx/free (plain: /free) while every K-th prompt runs (10)")
+                        help="POST /memx/free (plain: /free) while every K-th prompt runs (10); pack-keeps: after "
+                             "every K-th prompt and the last")
+    parser.add_argument("--latency-target", type=_positive_float, default=LATENCY_TARGET, metavar="X",
+                        help=f"reuse and new-leaks: the median latency memx/plain must stay under ({LATENCY_TARGET})")
     parser.add_argument("--generations", type=_positive_int, default=3, metavar="G",
                         help="times each slot's leaked model is built over the run; each new one releases the "
                              "previous (3)")
@@ -93,6 +111,16 @@ def build_parser():
                         help="release workload: width of the pack's square Linear layers (1024)")
     parser.add_argument("--depth", type=_positive_int, default=2, metavar="D",
                         help="release workload: Linear layers per model (2: 8 MiB models with 1024 features)")
+    parser.add_argument("--inspire", metavar="ARCHIVE",
+                        help="pack-keeps: also run ComfyUI-Inspire-Pack (its .tar.xz archive or an unpacked folder): "
+                             "every third prompt keeps its checkpoint through CheckpointLoaderSimpleShared //Inspire "
+                             "(the server's interpreter needs the pack's requirements)")
+    parser.add_argument("--memx-env", action="append", default=[], type=_memx_setting, metavar="NAME=VALUE",
+                        help="pack-keeps: one more COMFY_MEMX_* setting for the comfy_memx servers (off and auto), "
+                             "e.g. COMFY_MEMX_SEARCH_CPU=30; repeatable")
+    parser.add_argument("--sequential", action="store_true",
+                        help="pack-keeps: run the servers one after the other, each the whole workload alone (for a "
+                             "checkpoint too large to keep on three servers at once)")
     parser.add_argument("--work-dir", metavar="DIR", help="work folder (default: a new temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, event log) at the end")
     return parser
@@ -106,6 +134,12 @@ def parse_args(argv=None):
         options.prompts = DEFAULT_PROMPTS.get(options.workload, 500)
     if options.workload == WORKLOAD_RELEASE and options.no_plain:
         parser.error("--no-plain: the release workload always runs its four servers side by side")
+    if options.workload == WORKLOAD_PACK_KEEPS and options.no_plain:
+        parser.error("--no-plain: the pack-keeps workload always runs its three servers")
+    if options.workload != WORKLOAD_PACK_KEEPS and (options.inspire or options.sequential or options.memx_env):
+        parser.error("--inspire, --sequential and --memx-env belong to --workload pack-keeps")
+    if options.inspire is not None and not os.path.exists(options.inspire):
+        parser.error(f"--inspire {options.inspire}: no such archive or folder")
     if options.workload == WORKLOAD_RELEASE and options.reuse_every < 2:
         parser.error(f"--reuse-every must be >= 2, got {options.reuse_every}")
     if not 8 <= options.features <= 8192 or options.depth > 64:
@@ -145,6 +179,11 @@ def main(argv=None):
         analyse(report)
         report["targets"] = evaluate_release(report, options.check)
         summary = format_release_summary
+    elif options.workload == WORKLOAD_PACK_KEEPS:
+        report = run_keeps_soak(options, log)
+        analyse_keeps(report)
+        report["targets"] = evaluate_keeps(report, options.check)
+        summary = format_keeps_summary
     else:
         report = run_soak(options, log)
         compare_rss(report)

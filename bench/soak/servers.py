@@ -417,7 +417,7 @@ def soak_report(options):
     """The soak report before the run: what runs, on what, in which order."""
     return {"tool": "bench/soak.py", "comfyui": os.path.abspath(options.comfyui), "python": options.python,
             "prompts": options.prompts, "leak_mode": options.leak_mode, "error": None,
-            "no_plain": bool(options.no_plain),
+            "no_plain": bool(options.no_plain), "latency_target": getattr(options, "latency_target", None),
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "loadavg_start": os.getloadavg(),
             "workload": {"workflow": os.path.relpath(WORKFLOW_PATH, ROOT), "pack": PACK_NAME,
                          "slots": [s for s, _ in SLOTS], "generations": options.generations,

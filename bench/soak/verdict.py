@@ -109,8 +109,9 @@ def evaluate(report, check):
     note = None if perf_checked else (
         "not measured (--no-plain)" if not plain_ran else f"reported only (checked at >= {PERF_CHECK_MIN_PROMPTS} prompts)")
     ratio = comparison.get("latency_ratio")
-    add("median latency memx / plain", None if ratio is None else round(ratio, 3), LATENCY_TARGET,
-        None if ratio is None else ratio <= LATENCY_TARGET, False, note)
+    limit = report.get("latency_target") or LATENCY_TARGET
+    add("median latency memx / plain", None if ratio is None else round(ratio, 3), limit,
+        None if ratio is None else ratio <= limit, False, note)
     growth = comparison.get("rss_growth_caused_mib_per_100")
     add("RSS growth caused by comfy_memx, MiB/100 prompts", None if growth is None else round(growth, 3),
         RSS_TARGET_MIB_PER_100, None if growth is None else growth <= RSS_TARGET_MIB_PER_100, False, note)

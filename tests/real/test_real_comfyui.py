@@ -9,7 +9,10 @@ The real-server tests run only when both of these are set (otherwise they are sk
 The default text-to-image workflow needs the random-weight SD1.5 checkpoint of ``bench/harness/make_checkpoint.py``:
 ``COMFY_MEMX_REAL_CHECKPOINT`` names it; when that file does not exist yet (or the variable is unset, then
 ``${XDG_CACHE_HOME:-~/.cache}/comfy_memx-real/memx_sd15_random.safetensors``) it is built there once (about 25 s,
-2 GiB), so CI can cache it.
+2 GiB), so CI can cache it. The ``small_checkpoint`` fixture does the same for the small checkpoint of
+``make_checkpoint.py --arch small`` (``COMFY_MEMX_REAL_SMALL_CHECKPOINT``, else ``memx_small_random.safetensors``
+in that cache folder; 265 MiB), which the default workflow runs on too; ``test_small_checkpoint_samples_in_each_tree``
+checks that every configured tree loads and samples it.
 
 Example::
 
@@ -54,6 +57,7 @@ REAL_COMFY_DIR = Path(__file__).parents[1] / "real_comfy"
 TREES_ENV = "COMFY_MEMX_REAL_COMFYUI"
 PYTHON_ENV = "COMFY_MEMX_REAL_PYTHON"
 CHECKPOINT_ENV = "COMFY_MEMX_REAL_CHECKPOINT"
+SMALL_CHECKPOINT_ENV = "COMFY_MEMX_REAL_SMALL_CHECKPOINT"
 UNLOAD_PACK = "memx_unload_nodes"
 PATCHER_PACK = str(REAL_COMFY_DIR / "memx_multigpu_like")
 TEST_PACK = "memx_test_nodes"
@@ -75,13 +79,20 @@ def configured_python():
     return os.environ.get(PYTHON_ENV) or None
 
 
-def checkpoint_path():
-    """Where the random-weight checkpoint is (or is to be built): COMFY_MEMX_REAL_CHECKPOINT or the cache."""
-    named = os.environ.get(CHECKPOINT_ENV)
+def checkpoint_path(env=CHECKPOINT_ENV, name=drive.CHECKPOINT_NAME):
+    """Where a random-weight checkpoint is (or is to be built): the file ``env`` names (COMFY_MEMX_REAL_CHECKPOINT
+    for SD1.5) or ``name`` in the cache."""
+    named = os.environ.get(env)
     if named:
         return os.path.abspath(named)
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "comfy_memx-real", drive.CHECKPOINT_NAME)
+    return os.path.join(cache, "comfy_memx-real", name)
+
+
+def small_checkpoint_path():
+    """Where the small random-weight checkpoint is (or is to be built): COMFY_MEMX_REAL_SMALL_CHECKPOINT or the
+    cache."""
+    return checkpoint_path(SMALL_CHECKPOINT_ENV, drive.SMALL_CHECKPOINT_NAME)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -651,23 +662,38 @@ def memx_importable_by_real_python(tmp_path_factory):
     return probe.returncode == 0
 
 
-@pytest.fixture(scope="module")
-def real_checkpoint():
-    """The random-weight checkpoint, built on first use (see the module docstring); returns a callable that raises
-    the first build's error again rather than building once per test."""
+def checkpoint_builder(path, **kind):
+    """A callable ``get(tree)`` that builds the checkpoint at ``path`` (make_checkpoint.py with ``kind``) on first
+    use and raises the first build's error again rather than building once per test."""
     built = {}
 
     def get(tree):
         if "path" not in built and "error" not in built:
             try:
-                built["path"] = drive.ensure_checkpoint(configured_python(), tree, checkpoint_path())
+                built["path"] = drive.ensure_checkpoint(configured_python(), tree, path, **kind)
             except Exception as error:
-                built["error"] = f"building {checkpoint_path()} failed: {type(error).__name__}: {error}"
+                built["error"] = f"building {path} failed: {type(error).__name__}: {error}"
         if "error" in built:
             raise RuntimeError(built["error"])
         return built["path"]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def real_checkpoint():
+    """The random-weight SD1.5 checkpoint, built on first use (see the module docstring): ``get(tree)``."""
+    return checkpoint_builder(checkpoint_path())
+
+
+@pytest.fixture(scope="session")
+def small_checkpoint():
+    """The small random-weight checkpoint of ``make_checkpoint.py --arch small`` (a one-level UNet of the SD1.5
+    family, CLIP-L and TAESD: 265 MiB, about 20 s to build, about 300 MiB per model ComfyUI holds on CPU against
+    SD1.5's 3.3 GiB), built once on first use at COMFY_MEMX_REAL_SMALL_CHECKPOINT or in the cache: ``get(tree)``.
+    Every tree detects it as SD1.5, so the default workflow (``drive.CHECKPOINT_NAME`` in a base folder) runs on it
+    unchanged; use it where a test needs ComfyUI's own checkpoint loader but not SD1.5's size."""
+    return checkpoint_builder(small_checkpoint_path(), arch="small")
 
 
 class FailedSession:
@@ -1303,3 +1329,19 @@ def test_two_real_servers_hand_over_and_an_idle_one_unloads(tree, memx_importabl
     for session in (giver, asker):
         text = session.log_text()
         assert "Traceback" not in text and "comfy_memx: internal error" not in text, where(session)
+
+
+@needs_real_comfyui
+@pytest.mark.parametrize("tree", real_trees)
+def test_small_checkpoint_samples_in_each_tree(tree, small_checkpoint):
+    """The small checkpoint (built once, by the first tree) is what every tree's own loader takes:
+    CheckpointLoaderSimple detects it as SD1.5 and builds a model, CLIP-L and TAESD, and CLIPTextEncode, one KSampler step at 64x64 and
+    VAEDecode run on CPU (``make_checkpoint.py --verify-only`` in the tree)."""
+    path = small_checkpoint(tree)
+    result = subprocess.run([configured_python(), drive.MAKE_CHECKPOINT, "--verify-only", "--arch", "small", "--tree",
+                             tree, "--out", path], capture_output=True, text=True, timeout=600,
+                            env=drive.inherited_env(), cwd=os.path.dirname(path))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["verified"] and summary["image_shape"] == [1, 64, 64, 3], summary
+    assert "BaseModel / SD1ClipModel / TAESD" in result.stderr, result.stderr[-2000:]

@@ -427,6 +427,17 @@ def test_targets_and_exit_status():
         assert soak.exit_status(soak.evaluate(report, check=True)) == 1
 
 
+def test_latency_target_is_the_one_the_command_line_names(tmp_path):
+    (tmp_path / "main.py").write_text("")
+    assert soak.parse_args(["--comfyui", str(tmp_path)]).latency_target == 1.10
+    options = soak.parse_args(["--comfyui", str(tmp_path), "--latency-target", "1.05"])
+    report = good_report(500, ratio=1.07)
+    report["latency_target"] = options.latency_target
+    (latency,) = [t for t in soak.evaluate(report, check=True) if t["name"] == "median latency memx / plain"]
+    assert (latency["limit"], latency["met"]) == (1.05, False)
+    assert soak.exit_status(soak.evaluate(good_report(500, ratio=1.07), check=True)) == 0   # 1.10 by default
+
+
 def test_summary_renders_a_full_and_an_empty_report():
     report = good_report(500)
     report["targets"] = soak.evaluate(report, check=True)
