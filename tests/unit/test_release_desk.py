@@ -126,3 +126,57 @@ def test_a_key_is_queued_once_and_releasing_here_holds_the_auto_policy_back():
     assert not desk.auto_held()
     desk.prompt_ended()
     assert first.result == 1
+
+
+class PausingWorker(Worker):
+    """A worker that waits as long as ComfyUI's (1000 s, here 600) and can be held between its point between prompts
+    and its wait (where ComfyUI runs its collection after a free): a wake-up sent then finds nobody waiting."""
+
+    def __init__(self, queue):
+        super().__init__(queue)
+        self.hold, self.held, self.go = False, threading.Event(), threading.Event()
+
+    def loop(self):
+        while not self.stop:
+            desk.run_due(self.queue)
+            self.points += 1
+            self.seen.set()
+            if self.hold:
+                self.hold = False
+                self.held.set()
+                self.go.wait(10)
+            with self.queue.not_empty:
+                if not self.stop:
+                    self.queue.not_empty.wait(600)
+
+
+def test_a_job_submitted_while_the_worker_runs_another_runs_in_the_same_pass():
+    worker = PausingWorker(Queue()).start()
+    try:
+        ran, later_work = recorder()
+        later = []
+
+        def first_work():   # another thread submits while the worker is busy here: its wake-up is lost
+            submitter = threading.Thread(target=lambda: later.append(desk.submit(later_work, "auto")))
+            submitter.start()
+            submitter.join(10)
+            return {"outcome": "released"}
+        first = desk.submit(first_work, "http")
+        assert first.wait(10)
+        assert later and later[0].wait(10) and ran == ["prompt_worker"]
+    finally:
+        worker.close()
+
+
+def test_a_wake_up_that_finds_the_worker_not_waiting_is_sent_again():
+    worker = PausingWorker(Queue())
+    worker.hold = True
+    worker.start()
+    try:
+        assert worker.held.wait(10)
+        ran, work = recorder()
+        job = desk.submit(work, "auto")   # the worker is past its point and not yet waiting: this wake-up is lost
+        worker.go.set()
+        assert job.wait(10) and ran == ["prompt_worker"] and desk.queued() == 0
+    finally:
+        worker.close()

@@ -12,7 +12,10 @@ ComfyUI's prompt worker runs the jobs at its next point between prompts, with no
   on the worker's thread, and notes the worker (:func:`worker_seen`).
 * **Waking the worker.**  An idle worker waits on the queue's condition (up to 1000 s); :func:`nudge` wakes it as
   the free desk does (``surface.freeing.nudge``), so a job submitted between prompts runs at once, and one
-  submitted during a prompt runs right after it.
+  submitted during a prompt runs right after it.  A wake-up sent while the worker is not waiting (it runs the
+  desk's earlier jobs, or ComfyUI's collection after a free) is lost, so :func:`run_due` runs the list until it is
+  empty, and a submit from another thread wakes the worker again while its job is still queued, at
+  :data:`WAKE_AGAIN_S` (one timer thread at a time, stopping once the desk is empty or the worker is gone).
 * **Who waits.**  A release someone asked for (``ask``) waits for its job, bounded by the caller's ``timeout``;
   when the time is up the job is withdrawn (:func:`withdraw`: nothing is cut later) unless the worker has already
   started it, and the caller answers 409 with ``Retry-After``.  ``auto`` jobs are queued and nobody waits.
@@ -33,6 +36,10 @@ from comfy_memx.core.errors import internal_error
 from comfy_memx.core.state import STATE
 
 QUEUED, RUNNING, DONE, WITHDRAWN = "queued", "running", "done", "withdrawn"
+#: seconds after a submit at which the worker is woken again while jobs are still queued (a busy worker reaches its
+#: point between prompts after its prompt anyway; these cover an idle one that missed the first wake-up)
+WAKE_AGAIN_S = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
+MAX_ROUNDS = 16   # how many times run_due takes the list again when jobs arrived while it ran the last ones
 
 
 class Job:
@@ -90,6 +97,7 @@ class ReleaseDesk:
         self.queue = None               # weakref to the PromptQueue it serves (what :func:`nudge` wakes)
         self.prompts = 0                # prompts running now in this process (prompt_started/prompt_ended)
         self.local = threading.local()  # releasing_here()'s depth, per thread
+        self.waking = False             # a wake-again timer is pending (one chain at a time)
 
     def close(self):
         """Withdraw every queued job (reset of the process state)."""
@@ -118,6 +126,7 @@ def submit(work, trigger, key=None):
     if worker_seen():
         if not _on_worker():
             nudge()
+            _wake_again_later(books, 0)
     else:
         run_if_idle(job)
     return job
@@ -166,7 +175,9 @@ def run_due(queue=None):
     me = threading.current_thread()
     if queue is not None and (books.worker is None or books.worker() is not me or books.queue() is not queue):
         books.worker, books.queue = weakref.ref(me), weakref.ref(queue)
-    if books.jobs:
+    for _ in range(MAX_ROUNDS):   # jobs submitted while these ran: their wake-up came while the worker was busy
+        if not books.jobs:
+            break
         _run(_take(books))
 
 
@@ -221,6 +232,32 @@ def nudge():
     with queue.mutex:
         queue.not_empty.notify()
     return True
+
+
+def _wake_again_later(books, attempt):
+    """Start the timer that wakes the worker again at ``WAKE_AGAIN_S[attempt]`` unless one is pending."""
+    with books.lock:
+        if attempt == 0 and books.waking:
+            return
+        books.waking = attempt < len(WAKE_AGAIN_S)
+    if not books.waking:
+        return
+    timer = threading.Timer(WAKE_AGAIN_S[attempt], _wake_again, (books, attempt))
+    timer.daemon = True
+    timer.name = "comfy_memx-release-wake"
+    timer.start()
+
+
+def _wake_again(books, attempt):
+    try:
+        if books.jobs and worker_seen() and STATE.existing_part(ReleaseDesk) is books:
+            nudge()
+            _wake_again_later(books, attempt + 1)
+            return
+    except Exception as exc:
+        internal_error("release desk wake-up", exc)
+    with books.lock:
+        books.waking = False
 
 
 def _on_worker():
