@@ -15,8 +15,8 @@ For anyone who must tell a pack's holder from ComfyUI's or a library's: :func:`i
 custom-node package loaded in this process; cheap, kept until ``sys.modules`` changes).
 
 For the surface (what it shows and does about a leak): :func:`public_state` (a leak's state as JSON builtins),
-:func:`search_now` (a strict holder search of one model now), :func:`gated_search`, :func:`search_gate` and
-:class:`Busy` (the searches no prompt pays for: one at a time, within ``COMFY_MEMX_SEARCH_CPU``),
+:func:`search_now` (a strict holder search of one model now), :func:`gated_search`, :func:`gated_first_paths`,
+:func:`search_gate` and :class:`Busy` (the searches no prompt pays for: one at a time, within ``COMFY_MEMX_SEARCH_CPU``),
 :func:`in_comfyui_use` (why ComfyUI uses a model now), :func:`releasable_now` (what a release would cut) and
 :func:`release` (cut the cache entry that keeps a leaked model alive), run through the release desk
 (:func:`submit_release`, :func:`withdraw_release`, :func:`run_release_if_idle`, :func:`worker_seen`,
@@ -48,6 +48,12 @@ def gated_search(record, ignore=(), wait_s=QUEUE_S):
     """A holder search of ``record``'s model through the search gate (``leaks.watch.gated_search``: one at a time,
     within ``COMFY_MEMX_SEARCH_CPU``, at most ``wait_s`` seconds of waiting); raises :class:`Busy`."""
     return watch.gated_search(record, ignore=ignore, wait_s=wait_s)
+
+
+def gated_first_paths(records, ignore=(), wait_s=QUEUE_S):
+    """The shortest holder of each of ``records``' models by the forward probe, as one search through the search
+    gate (``leaks.watch.gated_first_paths``): ``{model_id: answer}`` for those it reached; raises :class:`Busy`."""
+    return watch.gated_first_paths(records, ignore=ignore, wait_s=wait_s)
 
 
 def search_now(record, ignore=(), budget_s=None):

@@ -419,6 +419,61 @@ def gated_search(record, ignore=(), wait_s=gate.QUEUE_S):
     return found
 
 
+def first_paths(records, ignore=(), budget_s=None):
+    """The shortest holder of each live model of ``records`` by the forward probe alone (from the custom-node
+    packages and ComfyUI's long-lived objects; a few ms a model), within ``budget_s`` CPU seconds for all of them
+    (default ``COMFY_MEMX_LEAK_BUDGET``) and :data:`PROBE_CPU_S` each.
+
+    Returns ``{model_id: answer}`` (answers as :func:`search_now`'s, one chain each) for the models it found a holder
+    of, and sets their ``holder_steps`` so that a release can walk that chain again.  A free with many survivors
+    names them all this way before any heap search (one full search each would spend the search gate's minute on
+    the first few); a model the probe does not reach is left for :func:`gated_search`."""
+    from comfy_memx.leaks import holders
+    budget_s = STATE.config.leak_budget if budget_s is None else budget_s
+    searches = desk()
+    answers = {}
+    if not searches.running.acquire(timeout=WAIT_FOR_SEARCH_S):
+        return answers
+    started = time.thread_time()
+    try:
+        searches.runs += 1
+        for record in records:
+            left = budget_s - (time.thread_time() - started)
+            if left < gate.MIN_SEARCH_S:
+                break
+            module = record.module_ref()
+            if module is None:
+                continue
+            try:
+                report = holders.find_holders(module, budget_s=min(PROBE_CPU_S, left),
+                                              ignore=[*ignore, *STATE.ledger.containers()],
+                                              ignore_frames_up_to=sys._getframe(), first_path=True, backward=False)
+            finally:
+                del module
+            if not report.chains:
+                continue
+            referrers = [referrer_of(chain) for chain in report.chains]
+            record.holder_steps = steps_of(report)
+            summary = dict(search_summary(report), reason="requested",
+                           note="the shortest holder, found by the forward probe (POST /memx/models/{model_id}/search "
+                                "lists every holder)")
+            answers[record.model_id] = {"holders": referrers, "holder": holder_of(referrers), "search": summary}
+    finally:
+        searches.running.release()
+    return answers
+
+
+def gated_first_paths(records, ignore=(), wait_s=gate.QUEUE_S):
+    """:func:`first_paths` through the search gate, as one gated search; each answer is remembered as its model's
+    last gated search.  Raises ``gate.Busy`` when it cannot run within ``wait_s``."""
+    searches = gate.gate()
+    answers = searches.run(lambda budget: first_paths(records, ignore=ignore, budget_s=budget), wait_s)
+    for record in records:
+        if record.model_id in answers:
+            searches.remember(record, answers[record.model_id])
+    return answers
+
+
 def search_or_say_why(record, wait_s, ignore=()):
     """:func:`gated_search`, or, when the gate refuses, the answer of a search that did not run: no holders, and
     ``search`` saying why (``result`` ``deferred``, ``note`` ``not searched: cpu budget``)."""

@@ -490,13 +490,31 @@ def write_receipt(survey, releases, trim, release_note=None, release_state=None)
 
 def _search_survivors(request, survivors, known_first=False):
     """Name every survivor's holders through the search gate, one search at a time in the process, within
-    ``COMFY_MEMX_SEARCH_CPU`` (a search lists every holder); once the gate refuses, the rest say why.  With
-    ``known_first`` (a free that releases them), a survivor whose leak report already named its holders (its
-    record's referrers and the steps to walk them again) needs no search: the release walks them again anyway."""
+    ``COMFY_MEMX_SEARCH_CPU``; once the gate refuses, the rest say why.  With ``known_first`` (a free that releases
+    them), a survivor whose leak report already named its holders (its record's referrers and the steps to walk them
+    again) needs no search: the release walks them again anyway.
+
+    With more than one survivor to search, one gated pass of forward probes names the shortest holder of each it
+    reaches (``leaks.gated_first_paths``: milliseconds a model); only the others get a full search (it lists every
+    holder, and costs up to ``COMFY_MEMX_LEAK_BUDGET`` each), so a free after which a pack keeps twenty models names
+    all twenty instead of the few that one minute of search budget pays for."""
     refused = None
-    for survivor, record in survivors:
-        if known_first and _known_holders(survivor, record):
-            continue
+    pending = [(survivor, record) for survivor, record in survivors
+               if not (known_first and _known_holders(survivor, record))]
+    if len(pending) > 1:
+        try:
+            answers = leaks.gated_first_paths([record for _, record in pending], ignore=[request, survivors],
+                                              wait_s=RECEIPT_WAIT_S)
+        except leaks.Busy:
+            answers = {}
+        except Exception as exc:  # the full searches below still run
+            answers = {}
+            internal_error("holder probe for /memx/free", exc, answered=True)
+        for survivor, record in pending:
+            if record.model_id in answers:
+                survivor.update(answers[record.model_id])
+        pending = [(survivor, record) for survivor, record in pending if record.model_id not in answers]
+    for survivor, record in pending:
         if refused is not None:
             survivor["search"] = refused
             continue

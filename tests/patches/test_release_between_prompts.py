@@ -208,3 +208,27 @@ def test_auto_releases_a_leak_comfyui_never_warns_about_after_a_free_between_pro
     [event] = [e for e in read_events(events) if e["event"] == "release"]
     assert event["trigger"] == "auto" and event["outcome"] == "released" and event["died"] is True
     assert event["model_id"] == survivor["model_id"] and event["package"] == "hoarding_pack"
+
+
+def test_a_free_names_its_12_never_warned_survivors_in_one_gated_pass_of_probes_and_auto_releases_them(tmp_path):
+    # each module holds a bound method of its own (a hook): the forward probe cannot account for that reference, so
+    # a full holder search each would go on to the backward scan of the heap, twelve times over the search budget;
+    # the probes of all twelve need only the shortest path, one gated search for the free
+    from comfy_memx.leaks import gate
+
+    async def scenario(comfy):
+        await add_packs(tmp_path, "hoarding_pack")
+        kept = pack("HookedHoarder").HOARD
+        for index in range(12):
+            await comfy.run(loaded("HookedHoarder", f"kept{index}"))
+        searches = gate.gate().counters["searches"]
+        status, receipt = await comfy.free({"unload_models": True, "free_memory": True})
+        searched = gate.gate().counters["searches"] - searches
+        await until(lambda: not kept, "the auto releases of the twelve models the pack kept")
+        return status, receipt, searched
+
+    status, receipt, searched = serve("0.27.0", tmp_path, scenario, release="auto", release_packages="hoarding_pack")
+    assert status == 200 and len(receipt["survivors"]) == 12 and searched == 1
+    assert all(row["holder"]["stage"] == "probe" and row["holder"]["package"] == "hoarding_pack"
+               and row["leak"]["found_by"] == "after_free" for row in receipt["survivors"]), [
+        (row["holder"], row["search"]) for row in receipt["survivors"]]

@@ -291,9 +291,13 @@ def test_receipt_names_released_and_leaked_models_and_bounds_the_searches(monkey
     from comfy_memx.leaks import gate
     real_spend = gate.SearchGate._spend
 
-    def spend_all(searches, cpu):      # the first search empties the CPU budget
+    spent = []
+
+    def spend_all(searches, cpu):      # the probes of both (one gated pass), then the first full search empties it
         real_spend(searches, cpu)
-        searches._tokens = 0.0
+        spent.append(cpu)
+        if len(spent) >= 2:
+            searches._tokens = 0.0
     monkeypatch.setattr(gate.SearchGate, "_spend", spend_all)
     queue = Queue()
     worker = Worker(queue)
@@ -313,6 +317,7 @@ def test_receipt_names_released_and_leaked_models_and_bounds_the_searches(monkey
     paths = [(c["path"], c["root_kind"]) for c in first["holders"]]
     assert paths in ([("test_freeing.HELD[0]", "module_global")], [("test_freeing.HELD[1]", "module_global")])
     assert first["search"]["reason"] == "requested" and first["leak"]["searches"] == 1
+    assert len(spent) == 2   # test_freeing is no custom-node package: the probes reached neither, one full search ran
     assert second["holders"] is None and second["search"]["note"] == "not searched: cpu budget"
     assert "refs" not in first["leak"] and "next_check" not in first["leak"]  # internal fields stay inside
     HELD.clear()

@@ -88,6 +88,7 @@ OWN_LOCATION_READERS = {
     "comfy_memx/core/discovery.py": "tests/patches/test_patch_contract.py",
     "comfy_memx/fleet/__init__.py": "tests/unit/test_fleet_files.py",
     "comfy_memx/fleet/rules.py": "tests/unit/test_fleet_rules.py",
+    "comfy_memx/fleet/runbooks.py": "tests/unit/test_fleet_rules.py",
     "comfy_memx/nodepack.py": "node pack",
     "comfy_memx/patches/__init__.py": "never in a wheel",
     "comfy_memx/surface/panel.py": "tests/patches/test_panel_routes.py",

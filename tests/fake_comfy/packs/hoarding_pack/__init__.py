@@ -3,6 +3,8 @@
 ``ListLoader`` appends each torch module it builds to the module-level list ``_CACHE`` (an ``appended_list``);
 ``PatcherHoarder`` appends each ModelPatcher it returns to ``HOARD`` (a hoarded ModelPatcher: ComfyUI sees a live
 patcher, so it never warns).  Once ComfyUI unloads such a model it leaves ComfyUI's loaded list and stays alive.
+``HookedHoarder`` does what ``PatcherHoarder`` does with a module that holds a bound method of its own (a hook, as
+torch modules with hooks do): a reference cycle through the model, which the forward probe cannot account for alone.
 ``SampleAfter`` loads its model after its ``value`` input ran (to load a model again later in the same prompt).
 Works with both fake shapes.
 """
@@ -39,6 +41,15 @@ class ListLoader(_Loader):
         return (patcher,)
 
 
+class HookedHoarder(_Loader):
+    def load(self, name="hoarded", tensor_count=4, tensor_numel=1024):
+        module, patcher = _build(tensor_count, tensor_numel)
+        module.hooks = [module.__repr__]
+        HOARD.append(patcher)
+        comfy.model_management.load_models_gpu([patcher])
+        return (patcher,)
+
+
 class PatcherHoarder(_Loader):
     def load(self, name="hoarded", tensor_count=4, tensor_numel=1024):
         _, patcher = _build(tensor_count, tensor_numel)
@@ -61,4 +72,5 @@ class SampleAfter:
         return (model.loaded_size(),)
 
 
-NODE_CLASS_MAPPINGS = {"ListLoader": ListLoader, "PatcherHoarder": PatcherHoarder, "SampleAfter": SampleAfter}
+NODE_CLASS_MAPPINGS = {"ListLoader": ListLoader, "HookedHoarder": HookedHoarder, "PatcherHoarder": PatcherHoarder,
+                       "SampleAfter": SampleAfter}
