@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 
-from comfy_memx.core import registry
+from comfy_memx.core import callbacks, registry
 from comfy_memx.core.comfyui import queue_busy
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.state import STATE
@@ -137,15 +137,7 @@ class FreeRequest:
         self._run_callbacks()
 
     def _run_callbacks(self):
-        while self._callbacks:
-            try:
-                callback = self._callbacks.pop()
-            except IndexError:
-                return
-            try:
-                callback()
-            except Exception as exc:
-                internal_error("free-request callback", exc)
+        callbacks.drain(self._callbacks, "free-request callback")
 
 
 class FreeDesk:

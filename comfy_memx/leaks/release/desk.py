@@ -31,6 +31,7 @@ import contextlib
 import threading
 import weakref
 
+from comfy_memx.core import callbacks
 from comfy_memx.core.comfyui import running_prompt_ids
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.state import STATE
@@ -76,15 +77,7 @@ class Job:
         self._settle()
 
     def _settle(self):
-        while self._callbacks:
-            try:
-                callback = self._callbacks.pop()
-            except IndexError:
-                return
-            try:
-                callback()
-            except Exception as exc:
-                internal_error("release-job callback", exc)
+        callbacks.drain(self._callbacks, "release-job callback")
 
 
 class ReleaseDesk:

@@ -41,21 +41,20 @@ class ListLoader(_Loader):
         return (patcher,)
 
 
-class HookedHoarder(_Loader):
+class PatcherHoarder(_Loader):
+    hooked = False
+
     def load(self, name="hoarded", tensor_count=4, tensor_numel=1024):
         module, patcher = _build(tensor_count, tensor_numel)
-        module.hooks = [module.__repr__]
+        if self.hooked:
+            module.hooks = [module.__repr__]
         HOARD.append(patcher)
         comfy.model_management.load_models_gpu([patcher])
         return (patcher,)
 
 
-class PatcherHoarder(_Loader):
-    def load(self, name="hoarded", tensor_count=4, tensor_numel=1024):
-        _, patcher = _build(tensor_count, tensor_numel)
-        HOARD.append(patcher)
-        comfy.model_management.load_models_gpu([patcher])
-        return (patcher,)
+class HookedHoarder(PatcherHoarder):
+    hooked = True
 
 
 class SampleAfter:
