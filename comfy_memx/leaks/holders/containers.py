@@ -16,11 +16,11 @@ import sys
 import types
 import weakref
 
+from comfy_memx.leaks.holders.labels import class_module
 from comfy_memx.leaks.holders.packages import module_namespace
 
 _TYPE_DICT = type.__dict__["__dict__"]
 _TYPE_MRO = type.__dict__["__mro__"]
-_TYPE_MODULE = type.__dict__["__module__"]
 _LRU_WRAPPER = type(functools.lru_cache(maxsize=None)(len))
 STANDARD = (dict, list, tuple, set, frozenset, collections.deque)
 MAPPING_METHODS = ("__getitem__", "__delitem__", "pop", "__contains__")
@@ -54,18 +54,9 @@ def class_lookup(cls, name):
     return None
 
 
-def module_of_class(cls):
-    """``cls.__module__`` through ``type``'s own descriptor (``"?"`` when unreadable)."""
-    try:
-        module = _TYPE_MODULE.__get__(cls)
-    except Exception:
-        return "?"
-    return module if isinstance(module, str) else "?"
-
-
 def is_comfyui_class(cls):
     """True for a class of ComfyUI itself (its module's top-level name is one of :data:`COMFYUI_TOP_MODULES`)."""
-    return module_of_class(cls).split(".", 1)[0] in COMFYUI_TOP_MODULES
+    return class_module(cls).split(".", 1)[0] in COMFYUI_TOP_MODULES
 
 
 def is_standard(cls):

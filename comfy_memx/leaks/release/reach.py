@@ -24,8 +24,9 @@ import types
 import weakref
 
 from comfy_memx.leaks.holders.budget import Budget
-from comfy_memx.leaks.holders.containers import (class_lookup, is_cache_structure, is_comfyui_class, is_standard,
-                                                 module_of_class, mro, torch_kinds)
+from comfy_memx.leaks.holders.containers import (class_lookup, is_cache_structure, is_comfyui_class, is_standard, mro,
+                                                 torch_kinds)
+from comfy_memx.leaks.holders.labels import class_module
 from comfy_memx.leaks.holders.packages import module_namespace
 
 MAX_OBJECTS = 200_000   # objects one walk may expand
@@ -114,7 +115,7 @@ class _Walk:
             return _MODEL
         if issubclass(cls, _NEVER) or any(id(base) in self.leaf_ids for base in bases):
             return _SKIP
-        module = module_of_class(cls)
+        module = class_module(cls)
         if module == _OWN or module.startswith(_OWN + "."):
             return _SKIP
         verdict = self.enter(cls, self.module_cls)
