@@ -201,9 +201,12 @@ def _release_lines(receipt):
     lines = [f"released: {receipt['release_note']}"] if receipt.get("release_note") else []
     rows = receipt.get("releases") or []
     if rows:
-        gone = [row for row in rows if row.get("died")]
-        lines.append(f"released {len(gone)} of {len(rows)} survivor(s) with a known holder: "
-                     f"{format_bytes(receipt.get('release_bytes'))} given back by cutting their packs' cache entries")
+        cut = [row for row in rows if row.get("outcome") in ("released", "survivor")]
+        died = {model.get("model_id") for row in rows for model in (row.get("models") or [row]) if model.get("died")}
+        tried = died | {row.get("model_id") for row in rows}   # a model that died with another's entry has no row
+        lines.append(f"released {len(died)} of {len(tried)} survivor(s) with a known holder: "
+                     f"{format_bytes(receipt.get('release_bytes'))} given back by cutting {len(cut)} cache "
+                     f"entr{'y' if len(cut) == 1 else 'ies'} of their packs")
     for row in rows:
         name = f"{row.get('model_id')} ({row.get('model')})"
         if row.get("outcome") in ("released", "survivor"):
@@ -211,6 +214,10 @@ def _release_lines(receipt):
             lines.append(f"  released {name}: cut {row.get('cut')} of package {row.get('package')}, "
                          f"{format_bytes(row.get('bytes'))}; " + ("the model is gone" if row.get("died") else
                          f"still held by {next_holder.get('path') or next_holder.get('note') or '?'}"))
+            for model in row.get("models") or ():
+                if model.get("model_id") != row.get("model_id") and model.get("died"):
+                    lines.append(f"    with it {model.get('model_id')} ({model.get('model')}), "
+                                 f"{format_bytes(model.get('bytes'))}: gone")
             continue
         lines.append(f"  not released {name} ({row.get('outcome')}): {row.get('reason')}")
         if row.get("path"):

@@ -446,8 +446,17 @@ def queue_releases(survey):
 
 def release_survivors(pairs):
     """Release each ``(survivor row, record)`` (``leaks.release`` with the row's holders): the receipts, in order.
-    Blocking; run by the release desk, between prompts."""
-    return [leaks.release(record, "free", referrers=row["holders"]) for row, record in pairs]
+    A survivor that died with an entry cut for an earlier one (the CLIP and VAE of a pack's ``(model, clip, vae)``
+    entry) gets no receipt of its own: it is in that receipt's ``models``.  Blocking; run by the release desk,
+    between prompts."""
+    receipts, taken = [], set()
+    for row, record in pairs:
+        if record.model_id in taken:
+            continue
+        receipt = leaks.release(record, "free", referrers=row["holders"])
+        receipts.append(receipt)
+        taken.update(model["model_id"] for model in receipt.get("models") or () if model.get("died"))
+    return receipts
 
 
 def write_receipt(survey, releases, trim, release_note=None, release_state=None):

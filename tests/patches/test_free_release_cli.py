@@ -7,7 +7,9 @@ import asyncio
 import re
 
 from comfy_memx.cli import free as free_cli
-from test_release_between_prompts import leak
+from memx_helpers import read_events
+from test_model_creation import PACK, SIZES, install_keeper, keeper_cleanup, keeper_prompt  # noqa: F401  (a fixture)
+from test_release_between_prompts import leak, until
 from test_routes import leaky, serve
 from test_unwarned_leaks import add_packs
 
@@ -85,3 +87,42 @@ def test_free_help_explains_every_exit_status(capsys):
     for code, text in free_cli.EXIT_CODES:
         assert re.search(rf"^  {code}  {re.escape(text.split()[0])}", out, flags=re.M), (code, out)
     assert [code for code, _ in free_cli.EXIT_CODES] == [0, 1, 2, 3, 4]
+
+
+def test_free_release_of_a_packs_model_clip_vae_entry_is_one_release_of_three_models(tmp_path, capsys,
+                                                                                      keeper_cleanup):
+    # the pack keeps (name, model, clip, vae, keys): one cut frees the three; the CLIP and VAE get no receipt of
+    # their own saying they were "gone" before their release, and the counts are of models
+    events = tmp_path / "events.jsonl"
+
+    async def scenario(comfy):
+        cache = await install_keeper(tmp_path)
+        await comfy.run(keeper_prompt())
+        status = await cli(comfy, "--release")
+        return status, list(cache.loaded_objects["ckpt"])
+
+    status, left = serve("0.27.0", tmp_path, scenario, release="ask", events=events)
+    out = capsys.readouterr().out
+    assert status == free_cli.FREED and left == []
+    assert "released 3 of 3 survivor(s) with a known holder: " in out and "by cutting 1 cache entry" in out, out
+    assert "not released" not in out and out.count("    with it ") == 2 and "survivors left: none" in out, out
+    [release] = [event for event in read_events(events) if event["event"] == "release"]
+    assert release["outcome"] == "released" and release["trigger"] == "free"
+    assert sorted((model["model"], model["died"]) for model in release["models"]) == [
+        ("AutoencoderKL", True), ("BaseModel", True), ("SD1ClipModel", True)]
+    assert release["released_bytes"] == sum(SIZES.values())
+
+
+def test_auto_releases_a_packs_model_clip_vae_entry_once(tmp_path, keeper_cleanup):
+    events = tmp_path / "events.jsonl"
+
+    async def scenario(comfy):
+        cache = await install_keeper(tmp_path)
+        await comfy.run(keeper_prompt())
+        await comfy.free({"unload_models": True, "free_memory": True})
+        await until(lambda: not cache.loaded_objects["ckpt"], "the auto release of the pack's entry")
+        await comfy.run(leaky("after"))   # the worker's next pass: a job still queued would run here
+        return [event for event in read_events(events) if event["event"] == "release"]
+
+    releases = serve("0.27.0", tmp_path, scenario, release="auto", release_packages=PACK, events=events)
+    assert [(event["outcome"], len(event["models"])) for event in releases] == [("released", 3)], releases

@@ -291,7 +291,10 @@ def test_a_model_only_the_packs_own_patcher_uses_is_not_in_use_but_one_comfyuis_
 
 
 @pytest.mark.parametrize("world", VERSIONS, indirect=True)
-def test_a_whole_checkpoint_entry_is_cut_when_its_models_come_from_one_node_run(world, monkeypatch):
+def test_a_whole_checkpoint_tuple_is_cut_when_its_models_come_from_one_node_run_and_the_packs_list_stays(
+        world, monkeypatch):
+    # the list under "checkpoints" holds only this tuple: cutting the dict entry would leave the pack's next
+    # `LOADED["checkpoints"]` a KeyError, so the tuple leaves the list instead
     mm, pack = world
     first, second = pack.checkpoint(1), pack.checkpoint(2)
     pack.LOADED["checkpoints"] = [("a.safetensors", *first, [1, 2])]
@@ -302,8 +305,8 @@ def test_a_whole_checkpoint_entry_is_cut_when_its_models_come_from_one_node_run(
     monkeypatch.setattr(entries, "node_run", lambda record: run.get(record.model_id, [record]))
     receipt = release(records[0])
     released(receipt, probes[:3], records[:3])
-    assert receipt["cut"] == "shape_pack.LOADED['checkpoints']" and receipt["method"] == "dict_entry", receipt
-    assert list(pack.LOADED) == ["other"]
+    assert receipt["cut"] == "shape_pack.LOADED['checkpoints'][0]" and receipt["method"] == "list_entry", receipt
+    assert pack.LOADED["checkpoints"] == [] and [entry[0] for entry in pack.LOADED["other"]] == ["b.safetensors"]
 
 
 def test_the_models_of_one_node_run_are_grouped_by_created_by(monkeypatch):

@@ -131,6 +131,9 @@ def _cut(record, decision, mm, receipt):
     receipt["models"] = [_model_row(other) for other in alive
                          if other.model_id in held_ids or other.module_ref() is None]
     receipt["released_bytes"] = sum(row["bytes"] for row in receipt["models"] if row["died"])
+    for other in alive:   # a leak that died with this cut is released, not tried again by an auto job of its own
+        if other is not record and other.leak is not None and other.module_ref() is None:
+            other.leak["release"] = RELEASED
     return RELEASED if receipt["died"] else SURVIVOR
 
 

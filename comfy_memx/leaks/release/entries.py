@@ -11,8 +11,9 @@ a node instance, a torch module) ends the candidates.
 "This model's objects" are the ledger models built by the same node run as the asked-for one (:func:`node_run`),
 ComfyUI's wrappers and clones of them, tensors and plain data: an entry holds only those when the walk of its value
 (:func:`~comfy_memx.leaks.release.reach.entry_contents`) reaches no other torch module and no pack cache structure,
-within its bounds.  The first such entry from the root is cut; when none is, the deepest candidate is cut, and the
-receipt lists every model that died with it.
+within its bounds.  The first such entry from the root is cut (but a dict entry whose value is a list of that one
+entry loses the entry, not the list: a pack's ``loaded_objects["ckpt"]`` stays a list); when none is, the deepest
+candidate is cut, and the receipt lists every model that died with it.
 """
 
 import collections
@@ -95,12 +96,29 @@ def choose(chain, indices, group_ids):
     if not indices:
         return None
     objects = chain.objects
-    for index in indices:
+    for position, index in enumerate(indices):
         last = index == indices[-1]
         walked = reach.entry_contents(objects[index], leave_out=[id(obj) for obj in objects[:index]],
                                       allowed=None if last else group_ids)
         if walked.complete and not walked.structure and walked.models <= group_ids:
-            return Choice(index, walked, True)
+            return _innermost_alike(chain, indices[position + 1:], Choice(index, walked, True))
         if last:
             return Choice(index, walked, False)
     return None
+
+
+def _innermost_alike(chain, deeper, choice):
+    """The element instead of ``choice`` when ``choice``'s value is a list or deque of that one element in a plain
+    dict: a pack's ``loaded_objects["ckpt"]`` list of ``(name, model, clip, vae)`` tuples loses the tuple, not the
+    ``"ckpt"`` list that the pack's next load indexes (a ``defaultdict`` makes its list again: its entry is cut)."""
+    objects = chain.objects
+    value, holder = objects[choice.index], objects[choice.index - 1]
+    if (not deeper or deeper[0] != choice.index + 1 or not isinstance(value, (list, collections.deque))
+            or len(value) != 1 or isinstance(holder, collections.defaultdict) or not isinstance(holder, dict)):
+        return choice
+    index = deeper[0]
+    walked = reach.entry_contents(objects[index], leave_out=[id(obj) for obj in objects[:index]],
+                                  allowed=choice.contents.models)
+    if walked.complete and not walked.structure and walked.models == choice.contents.models:
+        return Choice(index, walked, True)
+    return choice
