@@ -131,8 +131,9 @@ def inactive_status(error):
         message = str(error)
     else:
         message = f"start-up failed ({type(error).__name__}); the traceback is in ComfyUI's log"
-    fix = (f"set {setting} to an accepted value ({accepted}) or unset it, then restart ComfyUI" if setting
-           else "see the comfy_memx line in ComfyUI's log, then restart ComfyUI")
+    fix = getattr(error, "fix", None) or (
+        f"set {setting} to an accepted value ({accepted}) or unset it, then restart ComfyUI" if setting
+        else "see the comfy_memx line in ComfyUI's log, then restart ComfyUI")
     return {"active": False, "error": "inactive", "version": __version__, "source": SOURCE,
             "message": f"comfy_memx is NOT active in this ComfyUI: {message}", "setting": setting,
             "accepted": accepted, "fix": fix}

@@ -20,7 +20,8 @@ Every setting is an environment variable, read once at start-up; each launcher o
 (`python -m comfy_memx --leak-mode strict ...` is `COMFY_MEMX_LEAK_MODE=strict`). A bad value fails fast: the
 launcher exits with status 2 before ComfyUI starts, naming the variable, the launcher option and the accepted values;
 with `COMFY_MEMX=1` or the node pack the error names the variable (no launcher option: those users have none), is
-printed once on stderr (once also when both are in use) and ComfyUI runs unpatched. An unknown `COMFY_MEMX_*`
+reported once (on stderr with `COMFY_MEMX=1`; in ComfyUI's log with the node pack; once also when both are in use)
+and ComfyUI runs unpatched. An unknown `COMFY_MEMX_*`
 variable is warned about at start-up. A node pack reads the same variables (it has no launcher options).
 
 | variable | launcher option | accepted values | default | meaning |

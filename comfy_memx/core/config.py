@@ -367,7 +367,9 @@ def parse(environ=None, launcher=False):
         raise ConfigError("COMFY_MEMX_RELEASE=auto needs COMFY_MEMX_RELEASE_PACKAGES: the custom-node packages whose "
                           f"caches may be cut automatically (comma list of folder names, or * for every pack{options})",
                           warnings, setting="COMFY_MEMX_RELEASE_PACKAGES",
-                          accepted=next(s.accepted for s in SETTINGS if s.env == "COMFY_MEMX_RELEASE_PACKAGES"))
+                          accepted=next(s.accepted for s in SETTINGS if s.env == "COMFY_MEMX_RELEASE_PACKAGES"),
+                          fix="set COMFY_MEMX_RELEASE_PACKAGES to the packs whose caches auto may cut (or *), or set "
+                              "COMFY_MEMX_RELEASE to ask or off, then restart ComfyUI")
     return Config(**values)
 
 

@@ -27,14 +27,16 @@ class ConfigError(MemxError, ValueError):
 
     ``warnings`` are the typo-guard messages of the same parse (unknown ``COMFY_MEMX_*`` names), so that whoever
     reports the error reports them too; ``setting`` (the variable) and ``accepted`` (its accepted values, in words)
-    are what the node pack's inactive ``/memx/status`` shows, when the parse knows them.
+    are what the node pack's inactive ``/memx/status`` shows, when the parse knows them; ``fix`` what to do, when
+    setting ``setting`` to an accepted value or unsetting it is not the whole answer.
     """
 
-    def __init__(self, message, warnings=(), setting=None, accepted=None):
+    def __init__(self, message, warnings=(), setting=None, accepted=None, fix=None):
         super().__init__(message)
         self.warnings = tuple(warnings)
         self.setting = setting
         self.accepted = accepted
+        self.fix = fix
 
 
 class SetupError(MemxError):

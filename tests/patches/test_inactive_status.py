@@ -20,6 +20,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 BAD = {"COMFY_MEMX_RELEASE": ("auto", "COMFY_MEMX_RELEASE_PACKAGES",
                               "comma list of custom-node folder names, or * for every pack"),
        "COMFY_MEMX_LEAK_MODE": ("loud", "COMFY_MEMX_LEAK_MODE", "off, report, strict")}
+# what to do: a bad value is set right or unset; auto without its packages is not mended by unsetting them
+FIXES = {"COMFY_MEMX_RELEASE": "set COMFY_MEMX_RELEASE_PACKAGES to the packs whose caches auto may cut (or *), or set "
+                               "COMFY_MEMX_RELEASE to ask or off, then restart ComfyUI",
+         "COMFY_MEMX_LEAK_MODE": "set COMFY_MEMX_LEAK_MODE to an accepted value (off, report, strict) or unset it, "
+                                 "then restart ComfyUI"}
 
 
 @pytest.fixture
@@ -72,7 +77,7 @@ def test_a_bad_setting_leaves_comfyui_unpatched_and_the_status_route_says_why(va
     assert body["active"] is False and body["error"] == "inactive" and body["version"] == __version__
     assert body["source"] == "node pack" and body["setting"] == setting and body["accepted"] == accepted
     assert body["message"].startswith("comfy_memx is NOT active in this ComfyUI: ") and setting in body["message"]
-    assert body["fix"] == f"set {setting} to an accepted value ({accepted}) or unset it, then restart ComfyUI"
+    assert body["fix"] == FIXES[variable]
     for path in paths[2:]:
         assert answers[path][0] == 404, (path, answers[path])
 

@@ -235,8 +235,8 @@ def test_a_comfy_memx_kept_off_by_a_bad_setting_says_why_and_shows_nothing_else(
                            "automatically",
                 "setting": "COMFY_MEMX_RELEASE_PACKAGES",
                 "accepted": "comma list of custom-node folder names, or * for every pack",
-                "fix": "set COMFY_MEMX_RELEASE_PACKAGES to an accepted value (comma list of custom-node folder names, "
-                       "or * for every pack) or unset it, then restart ComfyUI"}
+                "fix": "set COMFY_MEMX_RELEASE_PACKAGES to the packs whose caches auto may cut (or *), or set "
+                       "COMFY_MEMX_RELEASE to ask or off, then restart ComfyUI"}
     page, stub = open_panel([], status=inactive, status_code=503, wait_for="[data-memx=off]")
     off = page.locator("[data-memx=off]").inner_text()
     assert "comfy_memx is off in this ComfyUI" in off and "COMFY_MEMX_RELEASE=auto needs" in off, off
