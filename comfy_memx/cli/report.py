@@ -117,8 +117,9 @@ class EventReport:
         kind = event["event"]
         when = _seconds(event["time"])
         pid = _count(event.get("pid"))
-        handler = {"load": self._load, "unload": self._unload, "leak": self._leak, "leak_seen": self._leak_seen,
-                   "release": self._release, "pin_evict": self._pin_evict, "thrash": self._thrash}.get(kind)
+        handler = {"created": self._created, "load": self._load, "unload": self._unload, "leak": self._leak,
+                   "leak_seen": self._leak_seen, "release": self._release, "pin_evict": self._pin_evict,
+                   "thrash": self._thrash}.get(kind)
         if handler is None:
             self.other += 1
         else:
@@ -141,6 +142,13 @@ class EventReport:
         elif package and row["package"] == "?":
             row["package"] = package
         return key, row
+
+    def _created(self, event, pid, when):
+        """A model ComfyUI built: who built it (a pack's loader node, say), which may not be who loads it."""
+        _, row = self._model(event, pid)
+        by = event.get("created_by")
+        if isinstance(by, dict):
+            row["created_by"] = {key: by.get(key) for key in ("prompt_id", "node_id", "class_type", "package")}
 
     def _package(self, name):
         tally = self.packages.get(name)
@@ -286,7 +294,8 @@ class EventReport:
         models = []
         for (pid, model_id), row in sorted(self.models.items()):
             models.append({"model_id": model_id, "pid": pid, "model": row["model"], "package": row["package"],
-                           "owner": row["owner"], "peak_resident_bytes": row["peak_resident"],
+                           "owner": row["owner"], "created_by": row.get("created_by"),
+                           "peak_resident_bytes": row["peak_resident"],
                            **row["tally"].as_dict(), "leak_reports": row["leak_reports"],
                            "holder_package": row.get("holder_package"),
                            "leak_sightings": row.get("sightings", 0), "status": _status(row),
@@ -437,8 +446,8 @@ def _model_lines(row, several, first_time):
     held = f", held by package {row['holder_package']}" if row.get("holder_package") else ""
     if row["status"] == "released":
         held = held.replace(", held by", ", was held by") + ", released"
-    lines = [f"  {name}  {row['model']}  loaded by package {row['package']}{held}  peak resident "
-             f"{format_bytes(row['peak_resident_bytes'])}", "    " + _tally_text(row, of_model=True)]
+    lines = [f"  {name}  {row['model']}  {_built_text(row.get('created_by'))}loaded by package {row['package']}{held}"
+             f"  peak resident {format_bytes(row['peak_resident_bytes'])}", "    " + _tally_text(row, of_model=True)]
     if row["leak_sightings"] > 1:
         lines.append(f"    seen leaked in {row['leak_sightings']} prompts")
     for leak in row["leak_reports"]:
@@ -451,6 +460,15 @@ def _model_lines(row, several, first_time):
                 lines.append(f"        fix ({chain['pattern']}): {chain['suggestion']}")
     lines.extend("    " + _release_text(release, first_time, row["model_id"]) for release in row["release_log"])
     return lines
+
+
+def _built_text(created_by):
+    """``built by package P (Class, node N), `` when the log has the model's ``created`` event, else nothing."""
+    if not created_by or not created_by.get("package"):
+        return ""
+    node = ", ".join(part for part in (created_by.get("class_type"),
+                                       f"node {created_by['node_id']}" if created_by.get("node_id") else None) if part)
+    return f"built by package {created_by['package']}" + (f" ({node})" if node else "") + ", "
 
 
 def _releases_section(data):

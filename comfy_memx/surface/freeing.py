@@ -576,6 +576,7 @@ def record_free(request, receipt_data):
                       released_bytes=receipt_data["released_bytes"], survivors=len(receipt_data["survivors"]),
                       releases=[{key: row[key] for key in ("model_id", "outcome", "package", "cut")}
                                 for row in receipt_data.get("releases", ())],
+                      release_bytes=receipt_data.get("release_bytes", 0),
                       survivor_bytes=receipt_data["survivor_bytes"], memory=receipt_data["memory"],
                       survivor_packages=survivor_packages(receipt_data["survivors"]),
                       seconds=round((run.finished or time.time()) - request.began, 3) if run is not None else None)

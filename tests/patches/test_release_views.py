@@ -67,8 +67,8 @@ def test_a_release_by_the_route_and_by_free_shows_in_the_released_list_the_timel
     assert data["released_by_package"] == [{"package": "leaky_pack", "releases": 2, "models": 2,
                                             "released_bytes": first["bytes"] + second["bytes"]}]
     text = report.format_text(report.read_events(events), str(events))
-    assert f"{first['model_id']}  BaseModel  loaded by package leaky_pack, was held by package leaky_pack, released" \
-        in text, text
+    assert (f"{first['model_id']}  BaseModel  built by package leaky_pack (LeakyLoader, node 1), loaded by package "
+            "leaky_pack, was held by package leaky_pack, released") in text, text
     assert "leaked rooted 1, then released (no longer leaked)" in text
     assert "by the Release button or POST /memx/models/{id}/release: cut leaky_pack.LeakyLoader._cache['first']" in text
     assert "by free --release: cut leaky_pack.LeakyLoader._cache['second']" in text

@@ -367,3 +367,26 @@ def test_a_released_models_lane_ends_at_its_release_and_the_release_is_marked():
     assert points(by_gid["model:7:SDXL#1"])[-1][0] > 9.0     # a model never released runs on past the log's end
     assert [x for x, _ in points(by_gid["marks:release"])] == [5.0, 5.0]   # BaseModel#1 and Vae#2
     assert "release" in {text.get_text() for text in axes.get_legend().get_texts()}
+
+
+def test_a_model_a_pack_built_and_core_loaded_says_who_built_it(tmp_path, capsys):
+    # a pack's loader built the checkpoint, ComfyUI's KSampler loaded it: "loaded by core" alone blamed core
+    builder = {"prompt_id": "p1", "node_id": "3", "class_type": "CachedCheckpointLoader", "package": "LeakyLoader",
+               "via": None}
+    sampler = {"prompt_id": "p1", "node_id": "5", "class_type": "KSampler", "package": "core"}
+    lines = [
+        {"event": "created", "time": 1.0, "pid": 7, "model": "BaseModel", "model_id": "BaseModel#1", "bytes": 1000,
+         "created_by": builder},
+        {"event": "load", "time": 2.0, "pid": 7, "model": "BaseModel", "model_id": "BaseModel#1", "owner": sampler,
+         "bytes": 1000, "seconds": 0.001, "device": "cpu", "copied": False},
+    ]
+    path = tmp_path / "events.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n", encoding="utf-8")
+    data = run_json(path, capsys)
+    [model] = data["models"]
+    assert model["package"] == "core" and model["created_by"] == {key: builder[key] for key in
+                                                                   ("prompt_id", "node_id", "class_type", "package")}
+    assert report.main([str(path)]) == 0
+    text = capsys.readouterr().out
+    assert ("BaseModel#1  BaseModel  built by package LeakyLoader (CachedCheckpointLoader, node 3), "
+            "loaded by package core") in text, text
