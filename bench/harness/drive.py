@@ -193,6 +193,13 @@ def http_call(method, url, body=None, timeout=10.0):
         return status, text
 
 
+def _default_sigint():
+    """Run in the server's process before ComfyUI: SIGINT back to its default.  A driver started in the background
+    by a non-interactive shell (``nohup ... &``, some CI runners) passes SIGINT on ignored, and Python then installs
+    no KeyboardInterrupt handler, so ComfyUI would never stop on the SIGINT that :meth:`ComfyServer.stop` sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class ComfyServer:
     """One ComfyUI server process in its own session, with its output going to a log file."""
 
@@ -209,7 +216,8 @@ class ComfyServer:
         """Start the process; stdout and stderr both go to ``log_path``."""
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(self.argv, cwd=self.cwd, env=self.env, stdin=subprocess.DEVNULL,
-                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                            preexec_fn=_default_sigint)
 
     def alive(self):
         """True while the server process has not exited."""
