@@ -181,7 +181,7 @@ def _survivor_lines(row):
     it (or why nothing was found)."""
     reason = SURVIVOR_REASONS.get(row.get("reason"), row.get("reason"))
     lines = [f"  {row.get('model_id')} ({row.get('model')})  {format_bytes(row.get('bytes'))}, "
-             f"{reason}{_owner_text(row.get('owner'))}"]
+             f"{reason}{_built_text(row.get('created_by'), row.get('owner'))}{_owner_text(row.get('owner'))}"]
     lines += _leak_lines(row.get("leak"))
     search = row.get("search") or {}
     if search.get("error"):
@@ -269,6 +269,16 @@ def _memory_lines(memory):
     after = memory.get("rss_after_trim") or memory.get("rss_after")
     return [f"memory: process RSS {format_bytes(memory.get('rss_before'))} before, {format_bytes(after)} after; "
             f"{given}; live models hold {format_bytes(memory.get('held_bytes'))} of RAM"]
+
+
+def _built_text(created_by, owner):
+    """``; built by node N (Class), package P`` when another node than the loader built the model (a pack's loader
+    built the checkpoint that ComfyUI's KSampler loaded), so that "loaded by ... core" does not read as the culprit."""
+    if not isinstance(created_by, dict) or not created_by.get("package"):
+        return ""
+    if isinstance(owner, dict) and all(owner.get(key) == created_by.get(key) for key in ("node_id", "package")):
+        return ""
+    return _owner_text(created_by).replace("; loaded by ", "; built by ", 1)
 
 
 def _owner_text(owner):

@@ -171,3 +171,15 @@ def test_the_token_of_this_environment_is_sent_so_a_remote_receipt_gets_its_sear
     monkeypatch.setenv("COMFY_MEMX_TOKEN", "s3cret-token-of-16+chars")
     assert free_cmd.main(["--url", url]) == 0
     assert Stub.tokens == [None, "s3cret-token-of-16+chars"]
+
+
+def test_a_survivor_a_pack_built_and_core_loaded_says_who_built_it():
+    built = {"prompt_id": "p", "node_id": "3", "class_type": "CachedCheckpointLoader", "package": "LeakyLoader"}
+    loaded = {"prompt_id": "p", "node_id": "5", "class_type": "KSampler", "package": "core"}
+    lines = free_cmd.format_receipt(receipt(survivors=[
+        {**SURVIVOR, "created_by": built, "owner": loaded},
+        {**SURVIVOR, "model_id": "BaseModel#3", "created_by": built, "owner": built}]))
+    text = "\n".join(lines)
+    assert ("; built by node 3 (CachedCheckpointLoader), package LeakyLoader; loaded by node 5 (KSampler), "
+            "package core") in text, text
+    assert "built by" not in next(line for line in lines if "BaseModel#3 (BaseModel)" in line)   # it loaded it too
