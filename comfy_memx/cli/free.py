@@ -201,30 +201,39 @@ def _release_lines(receipt):
     lines = [f"released: {receipt['release_note']}"] if receipt.get("release_note") else []
     rows = receipt.get("releases") or []
     if rows:
-        cut = [row for row in rows if row.get("outcome") in ("released", "survivor")]
-        died = {model.get("model_id") for row in rows for model in (row.get("models") or [row]) if model.get("died")}
-        tried = died | {row.get("model_id") for row in rows}   # a model that died with another's entry has no row
-        lines.append(f"released {len(died)} of {len(tried)} survivor(s) with a known holder: "
-                     f"{format_bytes(receipt.get('release_bytes'))} given back by cutting {len(cut)} cache "
-                     f"entr{'y' if len(cut) == 1 else 'ies'} of their packs")
+        lines.append(_release_headline(receipt, rows))
     for row in rows:
-        name = f"{row.get('model_id')} ({row.get('model')})"
-        if row.get("outcome") in ("released", "survivor"):
-            next_holder = row.get("next_holder") or {}
-            lines.append(f"  released {name}: cut {row.get('cut')} of package {row.get('package')}, "
-                         f"{format_bytes(row.get('bytes'))}; " + ("the model is gone" if row.get("died") else
-                         f"still held by {next_holder.get('path') or next_holder.get('note') or '?'}"))
-            for model in row.get("models") or ():
-                if model.get("model_id") != row.get("model_id") and model.get("died"):
-                    lines.append(f"    with it {model.get('model_id')} ({model.get('model')}), "
-                                 f"{format_bytes(model.get('bytes'))}: gone")
-            continue
-        lines.append(f"  not released {name} ({row.get('outcome')}): {row.get('reason')}")
-        if row.get("path"):
-            lines.append(f"      holder: {row['path']}  [package {row.get('package') or '?'}, "
-                         f"{row.get('pattern') or '?'}]")
-        if row.get("fix"):
-            lines.append(f"      fix ({row.get('pattern')}): {row['fix']}")
+        lines += _release_row_lines(row)
+    return lines
+
+
+def _release_headline(receipt, rows):
+    """``released D of N survivor(s) ...``: models, not receipts (one cut may free a checkpoint's three models)."""
+    cut = [row for row in rows if row.get("outcome") in ("released", "survivor")]
+    died = {model.get("model_id") for row in rows for model in (row.get("models") or [row]) if model.get("died")}
+    tried = died | {row.get("model_id") for row in rows}   # a model that died with another's entry has no row
+    return (f"released {len(died)} of {len(tried)} survivor(s) with a known holder: "
+            f"{format_bytes(receipt.get('release_bytes'))} given back by cutting {len(cut)} cache "
+            f"entr{'y' if len(cut) == 1 else 'ies'} of their packs")
+
+
+def _release_row_lines(row):
+    """One release receipt: the cut and what went with it, or why nothing was cut (holder and fix)."""
+    name = f"{row.get('model_id')} ({row.get('model')})"
+    if row.get("outcome") in ("released", "survivor"):
+        next_holder = row.get("next_holder") or {}
+        lines = [f"  released {name}: cut {row.get('cut')} of package {row.get('package')}, "
+                 f"{format_bytes(row.get('bytes'))}; " + ("the model is gone" if row.get("died") else
+                 f"still held by {next_holder.get('path') or next_holder.get('note') or '?'}")]
+        return lines + [f"    with it {model.get('model_id')} ({model.get('model')}), "
+                        f"{format_bytes(model.get('bytes'))}: gone" for model in row.get("models") or ()
+                        if model.get("model_id") != row.get("model_id") and model.get("died")]
+    lines = [f"  not released {name} ({row.get('outcome')}): {row.get('reason')}"]
+    if row.get("path"):
+        lines.append(f"      holder: {row['path']}  [package {row.get('package') or '?'}, "
+                     f"{row.get('pattern') or '?'}]")
+    if row.get("fix"):
+        lines.append(f"      fix ({row.get('pattern')}): {row['fix']}")
     return lines
 
 
