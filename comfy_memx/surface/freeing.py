@@ -89,10 +89,11 @@ class WorkerRun:
             request.finished()
 
 
-class FreeRequest:
+class FreeRequest(callbacks.Completion):
     """One free request, from its flags to the worker's garbage-collection pass; holds no model."""
 
     def __init__(self, queue, unload_models, free_memory, origin=None):
+        super().__init__("free-request callback")
         self.queue = queue
         self.origin = origin or {"kind": "comfy_memx"}  # who asked: {"kind": "http", "client": ...} or comfy_memx's
         self.unload_models = unload_models
@@ -103,8 +104,6 @@ class FreeRequest:
         self.withdrawn = False
         self.before = {r.model_id: r for r in STATE.ledger.records()}  # records only: weakrefs to modules
         self.rss_before = retention.rss_bytes()
-        self._event = threading.Event()
-        self._callbacks = []
 
     @property
     def state(self):
@@ -113,31 +112,10 @@ class FreeRequest:
             return self.run.phase
         return "withdrawn" if self.withdrawn else "waiting"
 
-    @property
-    def done(self):
-        """True once the worker has unloaded, reset its caches and collected garbage for this request."""
-        return self._event.is_set()
-
-    def wait(self, timeout):
-        """Block until :attr:`done` or ``timeout`` seconds passed; returns :attr:`done`."""
-        return self._event.wait(timeout)
-
-    def add_done_callback(self, callback):
-        """Call ``callback()`` when the request is done (on the worker's thread); at once if it already is.
-
-        The callback must not block or take a lock that the waiting thread holds (``loop.call_soon_threadsafe``).
-        """
-        self._callbacks.append(callback)
-        if self.done and self._callbacks:
-            self._run_callbacks()
-
     def finished(self):
-        """Mark done and run the callbacks (the run calls this on the worker's thread)."""
-        self._event.set()
-        self._run_callbacks()
-
-    def _run_callbacks(self):
-        callbacks.drain(self._callbacks, "free-request callback")
+        """Mark done and run the callbacks (the run calls this on the worker's thread): done means the worker has
+        unloaded, reset its caches and collected garbage for this request."""
+        self.complete()
 
 
 class FreeDesk:

@@ -43,41 +43,21 @@ WAKE_AGAIN_S = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 MAX_ROUNDS = 16   # how many times run_due takes the list again when jobs arrived while it ran the last ones
 
 
-class Job:
-    """One release job: ``work()`` run once between prompts; its ``result`` (a receipt, or a list of them)."""
+class Job(callbacks.Completion):
+    """One release job: ``work()`` run once between prompts; its ``result`` (a receipt, or a list of them).  It is
+    :attr:`done` once it ran or was withdrawn."""
 
     def __init__(self, work, trigger, key=None):
+        super().__init__("release-job callback")
         self.work = work
         self.trigger = trigger          # "http", "free" or "auto": who asked
         self.key = key                  # jobs of one key are queued once (auto: the model_id)
         self.state = QUEUED
         self.result = None
-        self._event = threading.Event()
-        self._callbacks = []
-
-    @property
-    def done(self):
-        """True once the job ran (its ``result`` is set) or was withdrawn."""
-        return self._event.is_set()
-
-    def wait(self, timeout):
-        """Block until :attr:`done` or ``timeout`` seconds passed; returns :attr:`done`."""
-        return self._event.wait(timeout)
-
-    def add_done_callback(self, callback):
-        """Call ``callback()`` once the job is done (on the thread that ran it); at once when it already is.  The
-        callback must not block (``loop.call_soon_threadsafe``)."""
-        self._callbacks.append(callback)
-        if self.done:
-            self._settle()
 
     def _finish(self, state):
         self.state = state
-        self._event.set()
-        self._settle()
-
-    def _settle(self):
-        callbacks.drain(self._callbacks, "release-job callback")
+        self.complete()
 
 
 class ReleaseDesk:
