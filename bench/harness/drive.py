@@ -211,6 +211,7 @@ class ComfyServer:
         self.base_url = f"http://{HOST}:{port}"
         self.process = None
         self.stop_method = None
+        self.interrupted_at = None
 
     def start(self):
         """Start the process; stdout and stderr both go to ``log_path``."""
@@ -241,6 +242,7 @@ class ComfyServer:
             for sig, wait in ((signal.SIGINT, grace), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
                 try:
                     if sig == signal.SIGINT:
+                        self.interrupted_at = os.path.getsize(self.log_path)
                         self.process.send_signal(sig)
                     else:
                         os.killpg(self.process.pid, sig)
@@ -320,6 +322,34 @@ def lines_containing(text, needle):
         if needle in clean:
             found.append(clean.strip())
     return found
+
+
+TRACEBACK_HEAD = "Traceback (most recent call last):"
+
+
+def tracebacks(text):
+    """Each traceback in ``text`` as ``(its text, the exception line)``; the exception line is the first line after
+    the head that is not indented (the frames and their source lines are)."""
+    found = []
+    lines = strip_ansi(text).splitlines()
+    for index, line in enumerate(lines):
+        if TRACEBACK_HEAD not in line:
+            continue
+        end = index + 1
+        while end < len(lines) and lines[end][:1] in (" ", "\t"):
+            end += 1
+        exception = lines[end].strip() if end < len(lines) else ""
+        found.append(("\n".join(lines[index:end + 1]), exception))
+    return found
+
+
+def failure_tracebacks(serving, interrupted):
+    """The tracebacks that are failures, given the log written before the stop's SIGINT (``serving``) and after it
+    (``interrupted``): all of them, except a ``KeyboardInterrupt`` written after the SIGINT.  That one is the signal
+    itself: when it lands while the event loop runs a task (aiohttp closing a connection), ComfyUI's ``except
+    KeyboardInterrupt`` stops the server, and asyncio also logs the interrupted task's exception, with a traceback."""
+    return [text for text, _ in tracebacks(serving)] + [
+        text for text, exception in tracebacks(interrupted) if exception != "KeyboardInterrupt"]
 
 
 def strip_ansi(line):
@@ -639,6 +669,11 @@ class Session:
             handle.seek(start)
             raw = handle.read() if end is None else handle.read(max(0, end - start))
         return raw.decode("utf-8", "replace")
+
+    def failure_tracebacks(self):
+        """The tracebacks in the server log that are failures (see :func:`failure_tracebacks`)."""
+        cut = self.server.interrupted_at
+        return failure_tracebacks(self.log_text(0, cut), self.log_text(cut) if cut is not None else "")
 
     def step_log(self, name):
         """The server log written during step ``name``."""

@@ -122,4 +122,4 @@ def test_after_a_free_the_receipt_names_what_the_pack_keeps_with_its_bytes(tree,
     kept = receipt["memory"]["rss_after_trim"] - session.step("boot")["rss"]
     assert named >= KEPT_RATIO * kept, (f"receipt names {named} bytes, the pack keeps {kept} bytes of RSS",
                                         where(session))
-    assert "Traceback" not in session.log_text(), where(session)
+    assert session.failure_tracebacks() == [], where(session)

@@ -68,7 +68,7 @@ def test_a_model_a_pack_keeps_after_memx_free_is_a_leak_with_its_holder(tree, un
     assert [(e["model_id"], e["found_by"], e["holder_package"]) for e in leaks] == [
         (row["model_id"], "after_free", HOLDER)], where(session)
     text = session.log_text()
-    assert "Traceback" not in text and f"is held by package {HOLDER} (memx_list_keeper.MODELS[0]) after a free" in text
+    assert session.failure_tracebacks() == [] and f"is held by package {HOLDER} (memx_list_keeper.MODELS[0]) after a free" in text
 
 
 @needs_real_comfyui
