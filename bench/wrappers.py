@@ -9,7 +9,8 @@ Each round times ``number`` direct calls, ``number`` calls through the wrapper, 
 (order rotated every round).  The added cost is the median over rounds of (wrapped - direct) per call; the second
 direct timing gives the resolution of that difference (bench/common.py :func:`common.difference_record`): a cost
 not above it is reported as ``< upper bound``, never as a negative number.  Target: <= 0.6 us per call.
-The wings' subscriptions are loaded first, as the bootstrap does, so each wrapper pays for its signals' subscribers.
+The wings' subscriptions are loaded first, as the bootstrap does, so each wrapper pays for its signals' subscribers
+(those of a server that started, without pinning or hand-off: no pin session, no hand-off registration).
 
 ``patcher_added_us`` is what the ``model_patcher`` wrapper adds to a ModelPatcher built around a model the ledger
 knows (a clone), see :func:`patcher_records`.
@@ -134,6 +135,7 @@ def run(quick=False):
     registry.load_subscriptions()
     mm = types.SimpleNamespace(current_loaded_models=[])
     STATE.reset()
+    registry.announce()   # as a server that started: the first load's startup line is behind it
     number = 20000 if quick else 200000
     rounds = 5 if quick else 9
     records = []

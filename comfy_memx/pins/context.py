@@ -51,6 +51,9 @@ class PinSession:
     def close(self):
         """Drop the budget (giving a host-scope share back) and every record of pins; ComfyUI is not touched."""
         state, self.current = self.current, None
+        if state is not None:
+            from comfy_memx.pins.subscriptions import unfollow_loads   # (it imports this module)
+            unfollow_loads()
         self.local.__dict__.clear()
         self.deferred.clear()
         if state is not None and state.budget is not None:

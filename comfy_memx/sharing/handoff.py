@@ -55,6 +55,8 @@ class Handoff:
         """Leave the registry (reset of the process state, shutdown)."""
         registry, self.registry = self.registry, None
         if registry is not None:
+            from comfy_memx.sharing.subscriptions import unfollow_loads   # (it imports this module)
+            unfollow_loads()
             try:
                 registry.withdraw()
             except OSError:
@@ -91,6 +93,8 @@ def start(port, listen=None):
     handoff.held_bytes = held_bytes()
     handoff.registry.publish(device=handoff.device, url=handoff.url, secret=handoff.secret,
                              held_bytes=handoff.held_bytes)
+    from comfy_memx.sharing.subscriptions import follow_loads   # (it imports this module)
+    follow_loads()
     log.info("comfy_memx: GPU hand-off on: this instance (%s, device %s, group %s) is registered in %s", handoff.url,
              handoff.device, STATE.config.handoff_group, handoff.registry.path)
     return handoff
@@ -245,7 +249,8 @@ def start_safely(port, listen=None):
         return start(port, listen)
     except RegistryUnavailable as exc:  # another user's folder or file, a link: not a bug of ours
         log.warning("comfy_memx: GPU hand-off is off: its registry cannot be used safely (%s)", exc)
-        part().registry = part().secret = None
+        part().close()
+        part().secret = None
         return None
     except Exception as exc:
         internal_error("GPU hand-off registry", exc)

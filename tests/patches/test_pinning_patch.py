@@ -744,3 +744,23 @@ def test_038_evict_active_false_spares_the_active_models():
         assert mm.pin_memory(second) is True
         assert (registered(p), registered(q)) == (512 * 1024, 512 * 1024)  # now P, the most recently used
         assert books(mm) == (2 * MiB,) * 3
+
+
+def test_loads_and_unloads_call_the_pin_wing_only_while_a_pin_session_runs():
+    from comfy_memx.core import signals
+    from comfy_memx.pins.subscriptions import end_load_protection, settle_after_unload
+
+    def subscribed():
+        return (end_load_protection in signals.load.subscribers(),
+                settle_after_unload in signals.model_unload.subscribers())
+    with memx_with_argv("0.27.0", ["--cpu"], pin_limit="12MiB"):
+        assert subscribed() == (False, False)     # ComfyUI pins nothing: no session, no call per load
+    with memx_on("0.27.0", pin_limit="64MiB") as mm:
+        assert subscribed() == (True, True)
+        mm.vram_state = mm.VRAMState.NO_VRAM
+        patcher = make_patcher(4, 256 * 1024)
+        mm.load_models_gpu([patcher])
+        assert pinning.budget().pinned(model_id(patcher)) == 4 * MiB
+        pinning.stop()
+        assert subscribed() == (False, False)     # the session closed: the wing left the load path
+    assert subscribed() == (False, False)
