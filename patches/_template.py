@@ -2,7 +2,9 @@
 
 What it wraps and why, which ComfyUI versions were checked, which signals it fires and which settings change it go
 in this docstring.  A patch module holds its sites and their wrappers, and each wrapper runs one pair of
-``comfy_memx.core.signals`` around its ComfyUI call (or fires one signal for a one-phase event): it imports only
+``comfy_memx.core.signals`` around its ComfyUI call (or fires one signal for a one-phase event; a wrapper of a
+*stacked* pair keeps the record in its local ``call`` and is returned as ``pair.runs_in(wrapper)``, which is where
+the pair finds its calls in progress): it imports only
 ``comfy_memx.core``, and the bookkeeping itself lives in the wings that subscribe
 (``comfy_memx/<wing>/subscriptions.py``), never here.
 """

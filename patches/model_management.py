@@ -22,23 +22,25 @@ from comfy_memx.core.patching import Patch
 
 def _memx_load_models_gpu(mm, original, switch):
     load = signals.load
+    getframe = sys._getframe
 
     def load_models_gpu(*args, **kwargs):
         if not switch.on:
             return original(*args, **kwargs)
         # ComfyUI's own list object goes to the subscribers; the pair keeps its models by weakref only
-        call = load.before(mm, args[0] if args else kwargs.get("models", ()), sys._getframe(1))
+        models = args[0] if args else kwargs.get("models", ())
+        call = load.before(mm, models, getframe(1))
         try:
             return original(*args, **kwargs)
         finally:
-            load.after(call, mm, args[0] if args else kwargs.get("models", ()))
-            del call   # the record dies now (the pin budget's protection of the load ends), even when ComfyUI's
-            #            exception keeps this frame in a traceback
-    return load_models_gpu
+            load.after(call, mm, models)
+            del call, models   # gone now, even when ComfyUI's exception keeps this frame in a traceback
+    return load.runs_in(load_models_gpu)
 
 
 def _memx_model_load(mm, original, switch):
     pair = signals.model_load
+    getframe = sys._getframe
 
     def model_load(self, *args, **kwargs):
         if not switch.on:
@@ -46,21 +48,24 @@ def _memx_model_load(mm, original, switch):
         call = pair.before(self)
         start = perf_counter()
         result = original(self, *args, **kwargs)
-        pair.after(call, self, perf_counter() - start, sys._getframe(1))
+        pair.after(call, self, perf_counter() - start, getframe(1))
         return result
     return model_load
 
 
 def _memx_model_unload(mm, original, switch):
     pair = signals.model_unload
+    getframe = sys._getframe
 
     def model_unload(self, *args, **kwargs):
         if not switch.on:
             return original(self, *args, **kwargs)
         call = pair.before(self)
+        if call is None:   # no subscriber has anything to do after this unload
+            return original(self, *args, **kwargs)
         start = perf_counter()
         result = original(self, *args, **kwargs)
-        pair.after(call, self, result, perf_counter() - start, sys._getframe(1))
+        pair.after(call, self, result, perf_counter() - start, getframe(1))
         return result
     return model_unload
 
@@ -68,16 +73,17 @@ def _memx_model_unload(mm, original, switch):
 def _unload_scope(mm, original, switch, site):
     """A wrapper of ``site`` whose call is one unload scope: its subscribers choose the reason and note who asked."""
     scope = signals.unload_scope
+    getframe = sys._getframe
 
     def wrapper(*args, **kwargs):
         if not switch.on:
             return original(*args, **kwargs)
-        call = scope.before(mm, site, sys._getframe(1))
+        call = scope.before(mm, site, getframe(1))
         try:
             return original(*args, **kwargs)
         finally:
             scope.after(call, mm, site)
-    return wrapper
+    return scope.runs_in(wrapper)
 
 
 def _memx_free_memory(mm, original, switch):

@@ -92,7 +92,7 @@ class Signal:
 load = Pair("load", "``load_models_gpu(models)``: before it runs ``(mm, models, caller_frame)``, ``models`` being "
                     "ComfyUI's own list object; after it returned or raised ``(mm, models)``.  Stacked: the load in "
                     "progress (``load.current()``, its models by weakref) is what unloads inside it serve.",
-            ("mm", "models", "caller_frame"), ("mm", "models"), stacked=True)
+            ("mm", "models", "caller_frame"), ("mm", "models"), stacked="frames")
 model_load = Pair("model_load", "``LoadedModel.model_load``: before it runs ``(entry,)``; after it returned "
                                 "``(entry, seconds, caller_frame)`` (nothing after when it raised).",
                   ("entry",), ("entry", "seconds", "caller_frame"))
@@ -103,7 +103,7 @@ model_unload = Pair("model_unload", "``LoadedModel.model_unload``: before it run
 unload_scope = Pair("unload_scope", "``free_memory``, ``unload_all_models`` or ``unload_model_and_clones``: before "
                                     "it runs ``(mm, site, caller_frame)``, ``site`` its name; after it returned or "
                                     "raised ``(mm, site)``.  Stacked: the unloads inside serve the innermost scope.",
-                    ("mm", "site", "caller_frame"), ("mm", "site"), stacked=True)
+                    ("mm", "site", "caller_frame"), ("mm", "site"), stacked="frames")
 collect = Pair("collect", "``cleanup_models_gc``: before it runs ``(mm,)``; after it returned or raised ``(mm,)``.",
                ("mm",), ("mm",))
 model_management_patched = Signal("model_management_patched", "``comfy.model_management`` was just patched "
@@ -119,7 +119,7 @@ patcher_built = Signal("patcher_built", "``ModelPatcher.__init__`` returned (a n
 
 prompt = Pair("prompt", "``PromptExecutor.execute_async`` (one prompt): before it begins ``(prompt_id, prompt)``; "
                         "after it returned or raised ``()``.  Stacked: the prompt running on this thread.",
-              ("prompt_id", "prompt"), (), stacked=True)
+              ("prompt_id", "prompt"), (), stacked="thread")
 node = Pair("node", "``get_output_data`` (one node's run): before it begins ``(prompt_id, node_id, node)``; after it "
                     "returned or raised, the same.", ("prompt_id", "node_id", "node"), ("prompt_id", "node_id", "node"))
 free_flag_set = Signal("free_flag_set", "``PromptQueue.set_flag(name, ...)`` is about to run: ``(queue, name, "

@@ -2,7 +2,7 @@
 
 Kept in its own module (never in ``__main__``) so that the launcher, the startup hook and the patches all see one
 copy.  The fields every wrapper reads on ComfyUI's hot paths are plain attributes (``config``, ``events``,
-``stacks`` (this thread's calls in progress, kept by ``comfy_memx.core.pairs``), and ``ledger``, which the ledger
+``stacks`` (this thread's prompts in progress, kept by ``comfy_memx.core.pairs``), and ``ledger``, which the ledger
 wing registers with :meth:`ProcessState.register`: a part lookup on every load and unload would cost more than the
 attribute read); each feature keeps the rest of its state in a *part*, an object of its own class created on first
 use by :meth:`ProcessState.part` and dropped (after its ``close()``, if it has one)
@@ -19,9 +19,9 @@ from comfy_memx.core.events import EventLog
 
 
 class ThreadStacks(threading.local):
-    """This thread's calls in progress: ``calls``, one record per call of a stacked pair (``load_models_gpu``, an
-    unload scope, a prompt), innermost last, pushed and removed by ``comfy_memx.core.pairs`` alone (never by a wing),
-    holding ids, weak references and the wings' memos only."""
+    """This thread's calls in progress of the pairs stacked by thread (the prompt): ``calls``, one record per call,
+    innermost last, pushed and removed by ``comfy_memx.core.pairs`` alone (never by a wing), holding ids, weak
+    references and the wings' memos only."""
 
     def __init__(self):
         self.calls = []

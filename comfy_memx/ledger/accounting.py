@@ -37,7 +37,9 @@ def enter_unload_scope(model_management, site, caller_frame):
     if site != "unload_all_models":
         return UNLOAD_SCOPE_REASONS.get(site, "other"), False
     if sys.exc_info()[1] is None:   # no exception being handled (the common case): no out-of-memory to test for
-        return _caller_reason(caller_frame), True
+        if caller_frame is not None and caller_frame.f_code.co_name == "prompt_worker":   # (_caller_reason, inline)
+            return "free_request", True
+        return "unload_all", True
     try:
         return reason_for_unload_all(caller_frame, _oom_test(model_management)), True
     except Exception as exc:

@@ -3,25 +3,24 @@ through the guarded facade ``comfy_memx.pins.facade``), the other wings and the 
 stable API over the pin package, so that moving code between its modules never touches a caller.
 
 Life cycle: :func:`start`, :func:`stop`, :func:`managing`, :func:`started_for`, :func:`comfyui_max`,
-:func:`startup_line`, :func:`start_budget` / :func:`stop_budget` (the patch's adopt and unpatch).  Decisions
-(callers hold :func:`pin_lock`): :func:`before_tensor_pin` / :func:`after_tensor_pin`, :func:`before_layer_pin` /
+:func:`startup_line`, :func:`start_budget` / :func:`stop_budget` (the patch's adopt and unpatch). Decisions (callers
+hold :func:`pin_lock`): :func:`before_tensor_pin` / :func:`after_tensor_pin`, :func:`before_layer_pin` /
 :func:`after_layer_pin`, :func:`before_reregister`; :data:`REFUSED` is the answer that makes a wrapper reply as
-ComfyUI does when it cannot pin.  Bookkeeping: :func:`before_tensor_unpin` / :func:`after_tensor_unpin`,
-:func:`note_pin_check`, :func:`after_comfyui_eviction`, :func:`after_node_reset`, :func:`settle`,
-:func:`end_load_protection`.  Eviction order: :func:`reorders_eviction`, :func:`free_pins_mru`,
-:func:`free_registrations_mru`.  Reading a layer's pin cheaply (hot path of ``get_pin``): :func:`layer_pin`.
-What the surface and the benches read: :func:`budget` (the pin budget in force, or None), :func:`cap` (the cap in
-force, or None), :func:`comfyui_max`, :func:`managing`, :func:`current` (the pin session, or None) and
-:data:`UNATTRIBUTED` (the budget's owner of pins no model claims).
+ComfyUI does when it cannot pin. Bookkeeping: :func:`before_tensor_unpin` / :func:`after_tensor_unpin`,
+:func:`note_pin_check`, :func:`after_comfyui_eviction`, :func:`after_node_reset` (the reactions to loads and unloads
+are ``pins.loadscope``'s, subscribed while a session runs). Eviction order: :func:`reorders_eviction`,
+:func:`free_pins_mru`, :func:`free_registrations_mru`. Reading a layer's pin cheaply (hot path of ``get_pin``):
+:func:`layer_pin`. What the surface and the benches read: :func:`budget` (the pin budget in force, or None),
+:func:`cap` (the cap in force, or None), :func:`comfyui_max`, :func:`managing`, :func:`current` (the pin session, or
+None) and :data:`UNATTRIBUTED` (the budget's owner of pins no model claims).
 """
 
 import logging
 
-from comfy_memx.pins import reconcile
 from comfy_memx.pins.eviction import (after_comfyui_eviction, after_node_reset, free_pins_mru,  # noqa: F401
                                       free_registrations_mru, reorders_eviction)
 from comfy_memx.pins.layout import layer_pin  # noqa: F401
-from comfy_memx.pins.loadscope import end_with_load, sync_load_scope
+from comfy_memx.pins.loadscope import sync_load_scope
 from comfy_memx.pins.requests import (after_layer_pin, after_tensor_pin, after_tensor_unpin,  # noqa: F401
                                       before_layer_pin, before_reregister, before_tensor_pin, before_tensor_unpin)
 from comfy_memx.pins.context import REFUSED, UNATTRIBUTED, current, pin_lock  # noqa: F401
@@ -37,21 +36,6 @@ def note_pin_check():
     state = current()
     if state is not None:
         sync_load_scope(state)
-
-
-def end_load_protection():
-    """A ``load_models_gpu`` call of this thread ends: the budget stops sparing its models (settled to ComfyUI's
-    counters)."""
-    if current() is not None:
-        end_with_load()
-
-
-def settle():
-    """Settle the budget to ComfyUI's counters now (cheap when nothing moved behind comfy_memx's back).  For
-    wrappers of paths that release pins without a pin function (an unload), and for readers."""
-    state = current()
-    if state is not None:
-        reconcile.sync(state)
 
 
 def start_budget(mm):

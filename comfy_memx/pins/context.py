@@ -43,6 +43,7 @@ class PinSession:
         self.current = None
         self.local = threading.local()
         self.deferred = collections.deque()
+        self.on_close = None    # what the session's start subscribed, undone by close (pins.loadscope)
         # One pin decision at a time: from the budget's answer through the evictions to ComfyUI's registration (or
         # its refusal), so that no other decision sees evictions half carried out.  ComfyUI pins from one thread
         # anyway.  Never taken by a finalizer or weakref callback (see the module docstring).
@@ -51,9 +52,9 @@ class PinSession:
     def close(self):
         """Drop the budget (giving a host-scope share back) and every record of pins; ComfyUI is not touched."""
         state, self.current = self.current, None
-        if state is not None:
-            from comfy_memx.pins.subscriptions import unfollow_loads   # (it imports this module)
-            unfollow_loads()
+        on_close, self.on_close = self.on_close, None
+        if on_close is not None:
+            on_close()
         self.local.__dict__.clear()
         self.deferred.clear()
         if state is not None and state.budget is not None:

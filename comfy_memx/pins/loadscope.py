@@ -9,6 +9,11 @@ outside any load, whichever comes first, so no load outlives its call.  When the
 ComfyUI's counters, as models unloaded during the load dropped their pins on paths comfy_memx does not wrap.  With
 the model_management patch disabled, only the requesting model is protected.
 
+The pin wing's reactions to loads and unloads (:func:`end_load_protection`, :func:`settle_after_unload`) are
+subscribed only while a pin session runs (:func:`follow_loads` from ``pins.session.start``, :func:`unfollow_loads`
+when the session closes): a server whose ComfyUI has no pinning or turned it off (0.3.64, ``MAX_PINNED_MEMORY`` not
+above 0) pays nothing for them on each load and unload.
+
 ``_scope_lock`` (a plain Lock) only guards the ``open`` flag of one scope; nothing allocates while it is held.
 """
 
@@ -16,7 +21,7 @@ import threading
 
 from comfy_memx.core import pairs, signals
 from comfy_memx.pins import owners, reconcile
-from comfy_memx.pins.context import call, session
+from comfy_memx.pins.context import call, current, session
 
 _scope_lock = threading.Lock()
 
@@ -80,3 +85,29 @@ def sync_load_scope(state):
     scope = ProtectedLoad(tuple(dict.fromkeys(model_ids)), state.budget, load)
     local.scope = scope
     call(state.budget.begin_load, scope.model_ids)
+
+
+def end_load_protection(mm, models):
+    """The ``load`` pair's "after" half: a ``load_models_gpu`` call ends, the budget stops sparing its models."""
+    if current() is not None:
+        end_with_load()
+
+
+def settle_after_unload(entry, result, seconds, caller_frame):
+    """The ``model_unload`` pair's "after" half: an unload may release pins behind the budget's back, so the budget
+    settles to ComfyUI's counters."""
+    state = current()
+    if state is not None:
+        reconcile.sync(state)
+
+
+def follow_loads():
+    """A pin session started: from now on every load ends its protection and every unload settles the budget."""
+    signals.load.subscribe(after=end_load_protection)
+    signals.model_unload.subscribe(after=settle_after_unload)
+
+
+def unfollow_loads():
+    """The pin session closed: loads and unloads no longer call this wing."""
+    signals.load.unsubscribe(end_load_protection)
+    signals.model_unload.unsubscribe(settle_after_unload)

@@ -16,7 +16,7 @@ from comfy_memx.core.comfyui import running_version
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.state import STATE
 from comfy_memx.core.units import format_bytes
-from comfy_memx.pins import reconcile
+from comfy_memx.pins import loadscope, reconcile
 from comfy_memx.pins.context import (PREEXISTING, REFUSED, UNATTRIBUTED, PinSession,  # noqa: F401
                                      State, current, describe, emit_event, log, session)
 
@@ -37,7 +37,6 @@ def start(mm, host=None, available_ram=None, headroom_bytes=HEADROOM_BYTES, env_
     """
     from comfy_memx.pins import cap as pincap, host as hostmem
     from comfy_memx.pins.budget import PinBudget
-    from comfy_memx.pins.subscriptions import follow_loads   # (it imports this module, through pins.api)
     stop()
     host = host if host is not None else hostmem.probe_host()
     limit = STATE.config.pin_limit if env_value is None else env_value
@@ -48,7 +47,8 @@ def start(mm, host=None, available_ram=None, headroom_bytes=HEADROOM_BYTES, env_
         budget = PinBudget(cap.bytes, headroom_bytes=headroom_bytes, available_ram=gauge,
                            scope=STATE.config.pin_scope, on_event=emit_event, describe=describe)
     session().current = State(mm, budget, cap, limit, host, getattr(mm, "MAX_PINNED_MEMORY", None), gauge)
-    follow_loads()
+    loadscope.follow_loads()
+    session().on_close = loadscope.unfollow_loads
     if budget is not None:
         reconcile.seed_preexisting(session().current)
     return cap

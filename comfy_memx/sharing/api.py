@@ -4,8 +4,7 @@ are built with the route kit (``comfy_memx.routekit``), and its unloads go throu
 when the server starts (the signal ``worker_unload_offered``).
 
 :func:`serve` (routes and services on ComfyUI's server), :func:`prompt_started` / :func:`prompt_ended` (activity),
-:func:`publish_held` (what a hand-off peer says it holds, after each prompt),
-:func:`before_load` (ask idle peers for room before a load).
+:func:`publish_held` (what a hand-off peer says it holds, after each prompt).
 """
 
 import sys
@@ -35,10 +34,3 @@ def publish_held():
         except Exception as exc:   # a registry gone bad since the start: logged once, the prompt goes on
             internal_error("GPU hand-off registry", exc)
 
-
-def before_load(model_management, models, caller_frame):
-    """The ``load`` pair's "before" half (ComfyUI's ``load_models_gpu`` call from ``caller_frame`` is about to run):
-    with ``COMFY_MEMX_HANDOFF=host``, ask the idle peers on this device to unload when it is short of room for
-    ``models``."""
-    if STATE.config.handoff == "host":
-        handoff.before_load(model_management, models)

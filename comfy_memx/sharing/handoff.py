@@ -29,6 +29,7 @@ import secrets
 import sys
 import time
 
+from comfy_memx.core import signals
 from comfy_memx.core.comfyui import queue_busy
 from comfy_memx.core.errors import internal_error
 from comfy_memx.core.state import STATE
@@ -55,8 +56,7 @@ class Handoff:
         """Leave the registry (reset of the process state, shutdown)."""
         registry, self.registry = self.registry, None
         if registry is not None:
-            from comfy_memx.sharing.subscriptions import unfollow_loads   # (it imports this module)
-            unfollow_loads()
+            signals.load.unsubscribe(before_load)
             try:
                 registry.withdraw()
             except OSError:
@@ -93,8 +93,7 @@ def start(port, listen=None):
     handoff.held_bytes = held_bytes()
     handoff.registry.publish(device=handoff.device, url=handoff.url, secret=handoff.secret,
                              held_bytes=handoff.held_bytes)
-    from comfy_memx.sharing.subscriptions import follow_loads   # (it imports this module)
-    follow_loads()
+    signals.load.subscribe(before_load)   # only now: a server without hand-off pays nothing for it per load
     log.info("comfy_memx: GPU hand-off on: this instance (%s, device %s, group %s) is registered in %s", handoff.url,
              handoff.device, STATE.config.handoff_group, handoff.registry.path)
     return handoff
@@ -145,9 +144,10 @@ def device_identity(model_management):
     return kind if kind == "cpu" else f"{kind}:{index}"
 
 
-def before_load(model_management, models):
-    """Called by the ``load_models_gpu`` wrapper: when the device is short of room for ``models``, ask the idle
-    peers on the same device to unload first (bounded by ``COMFY_MEMX_HANDOFF_WAIT``)."""
+def before_load(model_management, models, caller_frame=None):
+    """The ``load`` pair's "before" half while this instance is registered (:func:`start` subscribes it,
+    :meth:`Handoff.close` drops it): when the device is short of room for ``models``, ask the idle peers on the same
+    device to unload first (bounded by ``COMFY_MEMX_HANDOFF_WAIT``)."""
     handoff = part()
     if handoff.registry is None:
         return None

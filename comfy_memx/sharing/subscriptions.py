@@ -2,9 +2,10 @@
 subscribes to.
 
 Imported by the bootstrap before any patch is applied: prompt activity (for the idle unload), what a hand-off peer
-publishes after each prompt, a load short of room (asks idle peers first; subscribed while hand-off is on), the
-server's start (its routes and services), and the worker's unload that the surface offers when its routes are up (how this wing unloads, without
-importing the surface).  Each subscription does one job.
+publishes after each prompt, the server's start (its routes and services), and the worker's unload that the surface
+offers when its routes are up (how this wing unloads, without importing the surface).  Each subscription does one
+job.  A load short of room asks the idle peers first: that "before" half is subscribed by ``sharing.handoff`` only
+while this instance is registered for hand-off.
 """
 
 from comfy_memx.core import signals
@@ -28,15 +29,4 @@ signals.prompt.subscribe(after=sharing.publish_held)
 
 
 signals.routes_adding.subscribe(sharing.serve)
-
-
-def follow_loads():
-    """Hand-off registered this instance: from now on every load asks the idle peers for room first when the
-    device is short of it.  Subscribed only then, so a server without hand-off pays nothing for it on each load."""
-    signals.load.subscribe(sharing.before_load)
-
-
-def unfollow_loads():
-    """This instance left the hand-off registry: loads no longer call this wing."""
-    signals.load.unsubscribe(sharing.before_load)
 signals.worker_unload_offered.subscribe(worker.use)

@@ -380,9 +380,10 @@ def test_a_failing_release_never_skips_the_check_for_leaks_comfyui_never_warns_a
 # -- nothing of ComfyUI's is reachable from comfy_memx after a failing half -------------------------------------------
 
 def reachable_from_state(limit=200_000):
-    """Every object reachable from comfy_memx's process state and this thread's call records (``gc`` referents,
-    breadth first; modules, classes and functions are not followed: they are code, not state)."""
-    seen, queue = {}, [STATE, STATE.stacks.calls]
+    """Every object reachable from comfy_memx's process state (``gc`` referents, breadth first; modules, classes and
+    functions are not followed: they are code, not state).  A call's record lives nowhere else than in the frames
+    of the call (``core.pairs``), so this is everything comfy_memx keeps once the call is over."""
+    seen, queue = {}, [STATE]
     while queue and len(seen) < limit:
         obj = queue.pop()
         if id(obj) in seen or isinstance(obj, (type(sys), type, type(reachable_from_state))):
@@ -412,7 +413,7 @@ def test_a_failing_half_leaves_no_frame_or_model_reachable_from_comfy_memx(half,
         refs = [weakref.ref(patcher), weakref.ref(patcher.model)]
         held = [obj for obj in reachable_from_state()
                 if isinstance(obj, types.FrameType) or obj is models or any(obj is ref() for ref in refs)]
-        assert held == [] and STATE.stacks.calls == []
+        assert held == [] and loads_in_progress_seen_by_the_next_load(mm) == 1
         del patcher, models, held
         mm.unload_all_models()
         gc.collect()
@@ -421,6 +422,21 @@ def test_a_failing_half_leaves_no_frame_or_model_reachable_from_comfy_memx(half,
         registry.remove_all()
         purge_fake_comfy()
         STATE.reset()
+
+
+def loads_in_progress_seen_by_the_next_load(mm):
+    """How many ``load_models_gpu`` calls a new one finds in progress on this thread (itself included): 1 when every
+    earlier call is over, whatever failed in it."""
+    seen = []
+
+    def count(mm, models, caller_frame):
+        seen.append(len(signals.load.calls()))
+    signals.load.subscribe(count)
+    try:
+        mm.load_models_gpu([])
+    finally:
+        signals.load.unsubscribe(count)
+    return seen[0]
 
 
 # -- errors that are not comfy_memx's to swallow ----------------------------------------------------------------------
@@ -442,7 +458,8 @@ def test_memory_recursion_and_interrupt_stay_what_they_are_and_unwind_the_call(e
             signals.load.subscribe(after=raising)
         with pytest.raises(error, match="planted"):
             mm.load_models_gpu([make_patcher(2, 64)])
-        assert STATE.stacks.calls == [] and errors.error_counts() == {}
+        signals.load.unsubscribe(raising)
+        assert loads_in_progress_seen_by_the_next_load(mm) == 1 and errors.error_counts() == {}
     finally:
         signals.load.unsubscribe(raising)
         registry.remove_all()

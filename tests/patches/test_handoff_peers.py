@@ -157,15 +157,15 @@ def test_an_answer_without_the_peers_proof_is_unproven(monkeypatch):
 
 def test_loads_ask_the_hand_off_only_while_this_instance_is_registered(tmp_path, monkeypatch):
     from comfy_memx.core import signals
-    from comfy_memx.sharing import api as sharing, handoff
+    from comfy_memx.sharing import handoff
     seen = []
 
     async def scenario(comfy):
-        seen.append(sharing.before_load in signals.load.subscribers())   # the server's start registered it
+        seen.append(handoff.before_load in signals.load.subscribers())   # the server's start registered it
         handoff.part().close()
-        seen.append(sharing.before_load in signals.load.subscribers())
+        seen.append(handoff.before_load in signals.load.subscribers())
         handoff.start(1)
-        seen.append(sharing.before_load in signals.load.subscribers())
+        seen.append(handoff.before_load in signals.load.subscribers())
 
     serve("0.27.0", tmp_path, scenario, **handoff_on(tmp_path, monkeypatch))
     assert seen == [True, False, True]

@@ -748,7 +748,7 @@ def test_038_evict_active_false_spares_the_active_models():
 
 def test_loads_and_unloads_call_the_pin_wing_only_while_a_pin_session_runs():
     from comfy_memx.core import signals
-    from comfy_memx.pins.subscriptions import end_load_protection, settle_after_unload
+    from comfy_memx.pins.loadscope import end_load_protection, settle_after_unload
 
     def subscribed():
         return (end_load_protection in signals.load.subscribers(),
