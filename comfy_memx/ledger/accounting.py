@@ -17,6 +17,7 @@ follows it).
 """
 
 import sys
+from sys import exc_info
 import time
 import weakref
 
@@ -36,7 +37,7 @@ def enter_unload_scope(model_management, site, caller_frame):
     (the pair's record of it): see :func:`current_cause`."""
     if site != "unload_all_models":
         return UNLOAD_SCOPE_REASONS.get(site, "other"), False
-    if sys.exc_info()[1] is None:   # no exception being handled (the common case): no out-of-memory to test for
+    if exc_info()[1] is None:   # no exception being handled (the common case): no out-of-memory to test for
         if caller_frame is not None and caller_frame.f_code.co_name == "prompt_worker":   # (_caller_reason, inline)
             return "free_request", True
         return "unload_all", True
@@ -132,7 +133,7 @@ def current_cause(caller_frame):
 
 def reason_for_unload_all(caller_frame, oom_test):
     """Why ``unload_all_models`` was called: ``oom``, ``free_request`` or ``unload_all``."""
-    exc = sys.exc_info()[1]
+    exc = exc_info()[1]
     if exc is not None and oom_test is not None:
         try:
             if oom_test(exc):
