@@ -135,9 +135,9 @@ def format_receipt(receipt):
     freed = receipt.get("freed") or []
     lines.append(_freed_headline(receipt))
     for row in freed:
-        released = "released" if row.get("released") else "still in RAM"
+        memory = "gone from memory" if row.get("released") else "still in RAM"   # (the panel's words)
         lines.append(f"  {row.get('model_id')} ({row.get('model')})  {format_bytes(row.get('unloaded_bytes'))} "
-                     f"unloaded from {row.get('device')}, {released}{_owner_text(row.get('owner'))}")
+                     f"unloaded from {row.get('device')}, {memory}{_owner_text(row.get('owner'))}")
     lines += _release_lines(receipt)
     still = receipt.get("still_loaded") or []
     lines.append(f"still loaded: {len(still)} model(s)")

@@ -519,7 +519,7 @@ def _tally_text(row, of_model=False):
 
 
 def _gbps(rate):
-    return "- GB/s" if rate is None else f"{rate:.3f} GB/s"
+    return "no timed copy" if rate is None else f"{rate:.3f} GB/s"   # (on CPU nothing is copied to a device)
 
 
 # Marker style of each kind of event on the timeline (one legend entry per kind).

@@ -74,7 +74,7 @@ def test_everything_freed_is_status_0(stub, capsys):
     assert Stub.seen == [("/memx/free?timeout=12", {"unload_models": True, "free_memory": True})]
     assert ("freed 1 model(s), 16.0 KiB gone from memory; unloaded 1 model(s), 16.0 KiB, from their devices\n"
             in out)
-    assert "BaseModel#2 (BaseModel)  16.0 KiB unloaded from cuda:0, released; loaded by node 1 (LeakyLoader)" in out
+    assert "BaseModel#2 (BaseModel)  16.0 KiB unloaded from cuda:0, gone from memory; loaded by node 1 (LeakyLoader)" in out
     assert "survivors: none" in out
 
 

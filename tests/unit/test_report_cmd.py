@@ -155,7 +155,7 @@ def test_events_that_copied_nothing_claim_no_transfer_rate(tmp_path, capsys):
     assert package["load_bytes"] == 6_000_000 and package["load_gb_per_s"] == 2.0   # the copying load alone
     assert report.main([str(path)]) == 0
     text = capsys.readouterr().out
-    assert "loads 1 (3.8 MiB, - GB/s)" in text, text
+    assert "loads 1 (3.8 MiB, no timed copy)" in text, text
 
 
 def test_unreadable_file_is_exit_status_2(tmp_path, capsys):
