@@ -58,30 +58,30 @@ def test_a_keyboard_interrupt_after_the_sigint_is_the_signal_and_every_other_tra
     assert len(drive.failure_tracebacks(VALUE_ERROR, "")) == 1
 
 
-def test_a_server_stopped_by_sigint_while_a_task_runs_leaves_no_failure(tmp_path):
+def stopped_by_sigint(tmp_path, after):
+    """Start the busy loop (``after`` runs once ComfyUI's except has caught the interrupt), stop it as the harness
+    stops ComfyUI; returns the server and its log split at the SIGINT."""
     script = tmp_path / "server.py"
     log = tmp_path / "server.log"
-    script.write_text(BUSY_LOOP.format(after="loop = None; import gc; gc.collect()"))
+    script.write_text(BUSY_LOOP.format(after=after))
     server = drive.ComfyServer([sys.executable, str(script)], str(tmp_path), {}, str(log), 0)
     server.start()
     waits.wait_until(lambda: "ready" in log.read_text(), waits.process_alive(server.process), waits.no_progress,
                      "the server's ready line")
-    assert server.stop() == 0 and server.stop_method == "SIGINT"
+    server.stop()
     text = log.read_text()
-    interrupted = text[server.interrupted_at:]
+    return server, text[:server.interrupted_at], text[server.interrupted_at:]
+
+
+def test_a_server_stopped_by_sigint_while_a_task_runs_leaves_no_failure(tmp_path):
+    server, serving, interrupted = stopped_by_sigint(tmp_path, "loop = None; import gc; gc.collect()")
+    assert server.process.returncode == 0 and server.stop_method == "SIGINT"
     assert "Stopped server" in interrupted and "KeyboardInterrupt" in interrupted   # asyncio logged the task's
-    assert drive.failure_tracebacks(text[:server.interrupted_at], interrupted) == []
+    assert drive.failure_tracebacks(serving, interrupted) == []
 
 
 def test_a_traceback_after_the_sigint_that_is_not_the_signal_is_a_failure(tmp_path):
-    script = tmp_path / "server.py"
-    log = tmp_path / "server.log"
-    script.write_text(BUSY_LOOP.format(after="raise RuntimeError('shutdown hook failed')"))
-    server = drive.ComfyServer([sys.executable, str(script)], str(tmp_path), {}, str(log), 0)
-    server.start()
-    waits.wait_until(lambda: "ready" in log.read_text(), waits.process_alive(server.process), waits.no_progress,
-                     "the server's ready line")
-    assert server.stop() == 1
-    text = log.read_text()
-    failures = drive.failure_tracebacks(text[:server.interrupted_at], text[server.interrupted_at:])
+    server, serving, interrupted = stopped_by_sigint(tmp_path, "raise RuntimeError('shutdown hook failed')")
+    assert server.process.returncode == 1
+    failures = drive.failure_tracebacks(serving, interrupted)
     assert [failure.splitlines()[-1] for failure in failures] == ["RuntimeError: shutdown hook failed"]

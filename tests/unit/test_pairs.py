@@ -175,10 +175,20 @@ def test_the_test_policy_re_raises_and_a_call_that_raised_is_over(monkeypatch):
     assert seen == [1] and pair.calls() == []   # each call saw itself alone: the first one was over
 
 
+def run_call(pair):
+    """One call of ``pair`` as ComfyUI's call would run it: through a registered wrapper (stacked by frames), or
+    its two halves in a row (stacked by thread)."""
+    if pair.stacked == "frames":
+        wrapper_of(pair, lambda: None)()
+    else:
+        pair.after(pair.before())
+
+
+@pytest.mark.parametrize("stack", ["frames", "thread"])
 @pytest.mark.parametrize("error", [MemoryError, RecursionError, KeyboardInterrupt, SystemExit])
 @pytest.mark.parametrize("half", ["before", "after"])
-def test_memory_recursion_interrupt_and_exit_pass_unchanged_and_the_call_is_over(error, half, caplog):
-    pair = Pair("unchanged", "test", (), (), stacked="frames")
+def test_memory_recursion_interrupt_and_exit_pass_unchanged_and_the_call_is_over(error, half, stack, caplog):
+    pair = Pair("unchanged", "test", (), (), stacked=stack)
 
     def dying(*args):
         raise error("as is")
@@ -186,12 +196,12 @@ def test_memory_recursion_interrupt_and_exit_pass_unchanged_and_the_call_is_over
     pair.subscribe(dying if half == "before" else None, dying if half == "after" else None)
     pair.subscribe(after=lambda: seen.append(True))
     with pytest.raises(error, match="as is"):
-        wrapper_of(pair, lambda: None)()
-    assert seen == [] and not internal_errors(caplog)
+        run_call(pair)
+    assert seen == [] and not internal_errors(caplog) and STATE.stacks.calls == []
     pair.unsubscribe(dying)
     depth = []
     pair.subscribe(lambda: depth.append(len(pair.calls())))
-    wrapper_of(pair, lambda: None)()
+    run_call(pair)
     assert depth == [1]   # the next call is not inside the interrupted one
 
 
@@ -242,21 +252,6 @@ def test_by_thread_the_test_policy_re_raises_and_the_record_still_unwinds(monkey
     label = f"{__name__}.{broken.__qualname__}"
     assert STATE.stacks.calls == [] and errors.error_counts() == {f"strict.before -> {label}": 1,
                                                                   f"strict.after -> {label}": 1}
-
-
-@pytest.mark.parametrize("error", [MemoryError, RecursionError, KeyboardInterrupt, SystemExit])
-@pytest.mark.parametrize("half", ["before", "after"])
-def test_by_thread_memory_recursion_interrupt_and_exit_pass_unchanged_and_unwind(error, half, caplog):
-    pair = Pair("unchanged", "test", (), (), stacked="thread")
-
-    def dying(*args):
-        raise error("as is")
-    seen = []
-    pair.subscribe(dying if half == "before" else None, dying if half == "after" else None)
-    pair.subscribe(after=lambda: seen.append(True))
-    with pytest.raises(error, match="as is"):
-        pair.after(pair.before())
-    assert seen == [] and STATE.stacks.calls == [] and not internal_errors(caplog)
 
 
 def test_by_thread_calls_that_end_out_of_order_each_remove_their_own_record():
