@@ -26,7 +26,7 @@ from comfy_memx.core.errors import internal_error
 from comfy_memx.core.refs import external_refcount
 from comfy_memx.core.state import STATE
 from comfy_memx.ledger import causes
-from comfy_memx.ledger.attribution import current_owner
+from comfy_memx.ledger.attribution import WORKER_FUNCTION, current_owner
 
 
 def enter_unload_scope(model_management, site, caller_frame):
@@ -38,7 +38,7 @@ def enter_unload_scope(model_management, site, caller_frame):
     if site != "unload_all_models":
         return UNLOAD_SCOPE_REASONS.get(site, "other"), False
     if exc_info()[1] is None:   # no exception being handled (the common case): no out-of-memory to test for
-        if caller_frame is not None and caller_frame.f_code.co_name == "prompt_worker":   # (_caller_reason, inline)
+        if caller_frame is not None and caller_frame.f_code.co_name == WORKER_FUNCTION:   # (_caller_reason, inline)
             return "free_request", True
         return "unload_all", True
     try:
@@ -145,7 +145,7 @@ def reason_for_unload_all(caller_frame, oom_test):
 
 def _caller_reason(caller_frame):
     """``free_request`` when ComfyUI's prompt worker called, else ``unload_all``."""
-    if caller_frame is not None and caller_frame.f_code.co_name == "prompt_worker":
+    if caller_frame is not None and caller_frame.f_code.co_name == WORKER_FUNCTION:
         return "free_request"
     return "unload_all"
 

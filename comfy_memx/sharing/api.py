@@ -33,4 +33,3 @@ def publish_held():
             handoff.publish_held()
         except Exception as exc:   # a registry gone bad since the start: logged once, the prompt goes on
             internal_error("GPU hand-off registry", exc)
-
